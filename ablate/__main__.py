@@ -1,0 +1,5 @@
+import sys
+
+from ablate.cli import main
+
+sys.exit(main())

@@ -1,0 +1,37 @@
+"""`ablate variants [--model SIZE]`: the registry, with parameter counts at a size."""
+from __future__ import annotations
+
+from ablate.inspect_model import param_breakdown
+from ablate.model import build_model
+from ablate.sizes import get_size
+from variants import PRESETS, all_variants
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--model", default="andrea-120m", help="size to count parameters at (default andrea-120m)")
+
+
+def run(args) -> int:
+    size = get_size(args.model)
+    presets = {}
+    for name in PRESETS:
+        presets.setdefault(PRESETS.get(name).id, []).append(name)
+    default = build_model(PRESETS.get("gpt2"), size, device="meta")  # meta: counts, no memory
+    b = param_breakdown(default)
+    print(f"model {size.name}: {size.n_layer} blocks, d_model {size.d_model}, {size.n_head} heads, "
+          f"MLP {size.mlp_hidden}, vocab {size.vocab_size}, context {size.context}")
+    print(f"default block ({PRESETS.get('gpt2').id}) parameters:")
+    for key, label in [("embeddings", "embeddings (token + position, tied output)"),
+                       ("attention_per_block", "attention per block"), ("mlp_per_block", "MLP per block"),
+                       ("norms_per_block", "norms per block"), ("per_block", "per block"),
+                       ("blocks", f"all {size.n_layer} blocks"), ("final_norm", "final norm"),
+                       ("total", "total")]:
+        print(f"  {label:<44}{b[key]:>14,}")
+    print()
+    specs = list(all_variants())
+    print(f"{len(specs)} registered variants (parameters at {size.name}):")
+    print(f"  {'id':<36}{'parameters':>14}  {'vs default':>10}  presets")
+    for spec in specs:
+        n = param_breakdown(build_model(spec, size, device="meta"))["total"]
+        print(f"  {spec.id:<36}{n:>14,}  {n / b['total'] - 1:>+10.2%}  {', '.join(presets.get(spec.id, []))}")
+    return 0

@@ -1,0 +1,32 @@
+"""The `reference` backend: plain PyTorch on any device. It is the ground truth that every
+other backend is checked against, and the fallback for ops a backend does not implement."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from variants.registry import ACTIVATIONS
+
+
+class ReferenceBackend:
+    name = "reference"
+
+    def activation(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        return ACTIVATIONS.get(name)(x)
+
+    def gated(self, gate_act: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return ACTIVATIONS.get(gate_act)(gate) * up
+
+    def layer_norm(self, x, weight, bias, eps: float) -> torch.Tensor:
+        return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+
+    def rms_norm(self, x, weight, eps: float) -> torch.Tensor:
+        return F.rms_norm(x, x.shape[-1:], weight, eps)
+
+    def add_layer_norm(self, x, y, weight, bias, eps: float):
+        s = x + y
+        return s, self.layer_norm(s, weight, bias, eps)
+
+    def add_rms_norm(self, x, y, weight, eps: float):
+        s = x + y
+        return s, self.rms_norm(s, weight, eps)

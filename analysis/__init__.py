@@ -1,0 +1,1 @@
+"""Reads run directories: loading, stability metrics, statistics, plots, reports."""

@@ -1,0 +1,135 @@
+"""The base model built from every variant: shapes, gradients, counts, wiring."""
+import math
+
+import pytest
+import torch
+
+from ablate.inspect_model import param_breakdown
+from ablate.model import build_model
+from ablate.sizes import get_size
+from variants import all_variants, make_variant
+from variants.mlps import gated_hidden
+from variants.placements import deepnorm_constants
+
+TINY = get_size("tiny")
+ALL = list(all_variants())
+
+
+@pytest.mark.parametrize("spec", ALL, ids=[s.id for s in ALL])
+def test_every_variant_trains_a_step_on_cpu(spec):
+    torch.manual_seed(0)
+    model = build_model(spec, TINY)
+    idx = torch.randint(0, TINY.vocab_size, (2, 16))
+    logits, loss = model(idx, idx)
+    assert logits.shape == (2, 16, TINY.vocab_size)
+    assert torch.isfinite(loss)
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None, f"{spec.id}: no gradient for {name}"
+        assert torch.isfinite(p.grad).all(), f"{spec.id}: non-finite gradient for {name}"
+
+
+def test_andrea_120m_parameter_count_is_exact():
+    model = build_model(make_variant(), get_size("andrea-120m"), device="meta")
+    counts = param_breakdown(model)
+    assert counts["total"] == 92_331_264
+    assert counts["blocks"] == 85_054_464
+    n_norms = sum(1 for m in model.modules() if type(m).__name__ == "LayerNorm")
+    assert n_norms == 25
+
+
+@pytest.mark.parametrize("gated", ["swiglu", "geglu", "reglu"])
+@pytest.mark.parametrize("size", ["tiny", "small", "andrea-120m"])
+def test_gated_mlps_are_parameter_matched(gated, size):
+    s = get_size(size)
+    dense = param_breakdown(build_model(make_variant(), s, device="meta"))["mlp_per_block"]
+    glu = param_breakdown(build_model(make_variant(mlp=gated), s, device="meta"))["mlp_per_block"]
+    assert abs(glu / dense - 1) < 0.01
+    if size == "andrea-120m":
+        assert gated_hidden(s.mlp_hidden) == 2048
+
+
+def test_embeddings_are_tied():
+    model = build_model(make_variant(), TINY)
+    assert model.lm_head.weight is model.wte.weight
+    assert model.lm_head.weight.data_ptr() == model.wte.weight.data_ptr()
+
+
+def _block_input(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(2, 16, TINY.d_model, generator=g)
+
+
+def test_pre_norm_block_is_near_identity_at_init():
+    torch.manual_seed(0)
+    size = get_size("small")
+    block = build_model(make_variant(), size).blocks[0]
+    x = torch.randn(2, 16, size.d_model, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        change = (block(x) - x).norm() / x.norm()
+    assert change < 0.1
+
+
+def test_post_norm_normalises_the_block_output_and_pre_norm_does_not():
+    torch.manual_seed(0)
+    x = 3.0 * _block_input() + 1.0  # a stream far from zero mean, unit variance
+    with torch.no_grad():
+        post = build_model(make_variant(norm="post"), TINY).blocks[0](x)
+        pre = build_model(make_variant(norm="pre"), TINY).blocks[0](x)
+    # Post-norm's last op is a LayerNorm with unit gain and zero bias: every row has
+    # mean 0 and variance 1. Pre-norm adds to the raw stream, which keeps its scale.
+    assert torch.allclose(post.mean(-1), torch.zeros(2, 16), atol=1e-5)
+    assert torch.allclose(post.var(-1, unbiased=False), torch.ones(2, 16), atol=1e-3)
+    assert pre.var(-1, unbiased=False).mean() > 5
+
+
+def test_pre_norm_block_computes_x_plus_branches_of_normalised_input():
+    torch.manual_seed(0)
+    block = build_model(make_variant(), TINY).blocks[0]
+    x = _block_input()
+    with torch.no_grad():
+        w = block.wiring
+        h = x + block.attn(w.norm_attn(x))
+        expected = h + block.mlp(w.norm_mlp(h))
+        assert torch.allclose(block(x), expected, atol=1e-6)
+
+
+def test_no_residual_pre_norm_drops_the_skip():
+    torch.manual_seed(0)
+    block = build_model(make_variant(residual=False), TINY).blocks[0]
+    x = _block_input()
+    with torch.no_grad():
+        w = block.wiring
+        expected = block.mlp(w.norm_mlp(block.attn(w.norm_attn(x))))
+        assert torch.allclose(block(x), expected, atol=1e-6)
+
+
+def test_deepnorm_scales_residual_and_branch_init():
+    torch.manual_seed(0)
+    model = build_model(make_variant(norm="deepnorm"), TINY)
+    alpha, beta = deepnorm_constants(TINY.n_layer)
+    assert math.isclose(alpha, (2 * TINY.n_layer) ** 0.25)
+    block = model.blocks[0]
+    w = block.mlp.c_fc.weight
+    xavier_std = math.sqrt(2.0 / (w.shape[0] + w.shape[1]))
+    assert abs(w.std().item() / (beta * xavier_std) - 1) < 0.05
+    x = _block_input()
+    with torch.no_grad():
+        h = block.wiring.norm_attn(alpha * x + block.attn(x))
+        expected = block.wiring.norm_mlp(alpha * h + block.mlp(h))
+        assert torch.allclose(block(x), expected, atol=1e-5)
+
+
+def test_final_norm_only_where_the_placement_needs_it():
+    assert build_model(make_variant(norm="pre"), TINY).norm_f is not None
+    assert build_model(make_variant(norm="sandwich"), TINY).norm_f is not None
+    assert build_model(make_variant(norm="post"), TINY).norm_f is None
+    assert build_model(make_variant(norm="none"), TINY).norm_f is None
+
+
+def test_gelu_is_the_tanh_approximation():
+    from variants.activations import gelu
+
+    x = torch.linspace(-6, 6, 1001, dtype=torch.float64)
+    formula = 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    assert torch.allclose(gelu(x), formula, atol=1e-12)

@@ -1,0 +1,130 @@
+"""Where the norms sit in a block (the `norm` axis), and how the residual stream is added.
+
+Each placement owns its block's norms and wires a block's two sublayers, attention and MLP:
+`forward(x, attn, mlp)`. `final_norm` says whether the model needs a norm after the last
+block (pre-norm leaves the residual stream unnormalised; post-norm already normalised it).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from variants.registry import PLACEMENTS
+
+
+class Placement(nn.Module):
+    final_norm: bool = True
+    needs_norms: bool = True
+    requires_residual: bool = False
+
+    def __init__(self, d_model: int, n_layer: int, make_norm: Callable[[], nn.Module], residual: bool):
+        super().__init__()
+        self.residual = residual
+
+    def forward(self, x: torch.Tensor, attn: nn.Module, mlp: nn.Module) -> torch.Tensor:
+        raise NotImplementedError
+
+    def reset_branch_parameters(self, attn: nn.Module, mlp: nn.Module) -> None:
+        """Re-initialise the sublayers when the placement prescribes its own init."""
+
+
+@PLACEMENTS.register("pre")
+class PreNorm(Placement):
+    """x + f(norm(x)) (GPT-2, LLaMA, ANDREA). The MLP's norm is fused with the attention's
+    residual add, which is the fused add+norm kernel's reason to exist."""
+
+    def __init__(self, d_model, n_layer, make_norm, residual):
+        super().__init__(d_model, n_layer, make_norm, residual)
+        self.norm_attn, self.norm_mlp = make_norm(), make_norm()
+
+    def forward(self, x, attn, mlp):
+        a = attn(self.norm_attn(x))
+        if self.residual:
+            x, h = self.norm_mlp.add_forward(x, a)
+            return x + mlp(h)
+        return mlp(self.norm_mlp(a))
+
+
+@PLACEMENTS.register("post")
+class PostNorm(Placement):
+    """norm(x + f(x)) (Vaswani et al. 2017, BERT). The stream leaves each block normalised."""
+
+    final_norm = False
+
+    def __init__(self, d_model, n_layer, make_norm, residual):
+        super().__init__(d_model, n_layer, make_norm, residual)
+        self.norm_attn, self.norm_mlp = make_norm(), make_norm()
+
+    def add_norm(self, norm, x, y):
+        return norm.add_forward(x, y)[1] if self.residual else norm(y)
+
+    def forward(self, x, attn, mlp):
+        x = self.add_norm(self.norm_attn, x, attn(x))
+        return self.add_norm(self.norm_mlp, x, mlp(x))
+
+
+@PLACEMENTS.register("sandwich")
+class SandwichNorm(Placement):
+    """x + norm_out(f(norm_in(x))) (Ding et al. 2021, CogView): pre-norm plus a norm on
+    each branch's output, which bounds what a branch can add to the stream."""
+
+    def __init__(self, d_model, n_layer, make_norm, residual):
+        super().__init__(d_model, n_layer, make_norm, residual)
+        self.norm_attn_in, self.norm_attn_out = make_norm(), make_norm()
+        self.norm_mlp_in, self.norm_mlp_out = make_norm(), make_norm()
+
+    def forward(self, x, attn, mlp):
+        a = self.norm_attn_out(attn(self.norm_attn_in(x)))
+        x = x + a if self.residual else a
+        m = self.norm_mlp_out(mlp(self.norm_mlp_in(x)))
+        return x + m if self.residual else m
+
+
+def deepnorm_constants(n_layer: int) -> tuple[float, float]:
+    """(alpha, beta) for a decoder-only DeepNet of `n_layer` blocks."""
+    return (2 * n_layer) ** 0.25, (8 * n_layer) ** -0.25
+
+
+@PLACEMENTS.register("deepnorm")
+class DeepNorm(Placement):
+    """norm(alpha x + f(x)) with branch weights initialised smaller (Wang et al. 2022,
+    DeepNet). For a decoder of N layers: alpha = (2N)^(1/4), beta = (8N)^(-1/4)."""
+
+    final_norm = False
+    requires_residual = True
+
+    def __init__(self, d_model, n_layer, make_norm, residual):
+        super().__init__(d_model, n_layer, make_norm, residual)
+        self.alpha, self.beta = deepnorm_constants(n_layer)
+        self.norm_attn, self.norm_mlp = make_norm(), make_norm()
+
+    def forward(self, x, attn, mlp):
+        x = self.norm_attn.add_forward(self.alpha * x, attn(x))[1]
+        return self.norm_mlp.add_forward(self.alpha * x, mlp(x))[1]
+
+    @torch.no_grad()
+    def reset_branch_parameters(self, attn, mlp):
+        # Xavier-normal everywhere; gain beta on the value, output and MLP projections,
+        # gain 1 on queries and keys (DeepNet, Algorithm 1).
+        d = attn.c_attn.weight.shape[1]
+        qk, v = attn.c_attn.weight[: 2 * d], attn.c_attn.weight[2 * d :]
+        nn.init.xavier_normal_(qk[:d], gain=1.0)
+        nn.init.xavier_normal_(qk[d:], gain=1.0)
+        nn.init.xavier_normal_(v, gain=self.beta)
+        for w in (attn.c_proj.weight, mlp.c_fc.weight, mlp.c_proj.weight):
+            nn.init.xavier_normal_(w, gain=self.beta)
+
+
+@PLACEMENTS.register("none")
+class NoNorm(Placement):
+    """x + f(x) with no normalisation at all: the control that shows what norms buy."""
+
+    final_norm = False
+    needs_norms = False
+
+    def forward(self, x, attn, mlp):
+        x = x + attn(x) if self.residual else attn(x)
+        return x + mlp(x) if self.residual else mlp(x)
+

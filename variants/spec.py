@@ -1,0 +1,156 @@
+"""The variant spec: one frozen value per axis, a stable readable id, and the rules that
+refuse unknown or contradictory combinations up front."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass
+from typing import Any, Iterator, Mapping
+
+from variants.registry import ACTIVATIONS, MLPS, NORMS, PLACEMENTS, PRESETS, VariantError
+
+AXES = ("norm", "norm_type", "act", "mlp", "residual")
+DEFAULTS: dict[str, Any] = {
+    "norm": "pre",
+    "norm_type": "layernorm",
+    "act": "gelu",
+    "mlp": "dense",
+    "residual": True,
+}
+_TRUE, _FALSE = ("true", "1", "yes", "res", "on"), ("false", "0", "no", "nores", "off")
+
+
+@dataclass(frozen=True)
+class VariantSpec:
+    """One block design. `act` is None for gated MLPs (they fix their own gate activation)
+    and `norm_type` is None when there are no norms, so that equal blocks have equal specs."""
+
+    norm: str = "pre"
+    norm_type: str | None = "layernorm"
+    act: str | None = "gelu"
+    mlp: str = "dense"
+    residual: bool = True
+
+    @property
+    def id(self) -> str:
+        """Readable and stable, e.g. `post.layernorm.relu.dense.res`; used as a directory name."""
+        parts = [self.norm, self.norm_type, self.act, self.mlp, "res" if self.residual else "nores"]
+        return ".".join(p for p in parts if p is not None)
+
+    def axes(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return self.id
+
+
+def parse_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise VariantError(f"residual {value!r} is not a boolean; valid: true, false")
+
+
+def make_variant(strict: bool = True, **axes: Any) -> VariantSpec:
+    """Build a spec from axis values, defaults for the rest.
+
+    `strict` refuses values that the other axes make meaningless (an `act` given with a
+    gated MLP, a `norm_type` with `norm=none`); a grid expands with strict=False so that
+    such crossings collapse into one cell instead of failing.
+    """
+    unknown = sorted(set(axes) - set(AXES))
+    if unknown:
+        raise VariantError(f"unknown variant axis {unknown[0]!r}; valid: {', '.join(AXES)}")
+    values = {**DEFAULTS, **axes}
+    placement = PLACEMENTS.get(values["norm"])
+    mlp = MLPS.get(values["mlp"])
+    residual = parse_bool(values["residual"])
+    norm_type = NORMS.get(values["norm_type"]) and values["norm_type"]
+    act = ACTIVATIONS.get(values["act"]) and values["act"]
+
+    if placement.requires_residual and not residual:
+        raise VariantError(
+            f"norm={values['norm']} is defined by its scaled residual and cannot run with "
+            f"residual=false; valid norms without residual: "
+            + ", ".join(n for n in PLACEMENTS if not PLACEMENTS.get(n).requires_residual)
+        )
+    if mlp.gated:
+        if strict and "act" in axes and axes["act"] != mlp.gate_act:
+            raise VariantError(
+                f"act={axes['act']} does not apply to mlp={values['mlp']}, whose gate is "
+                f"{mlp.gate_act}; valid: leave act out, or use mlp=dense"
+            )
+        act = None
+    if not placement.needs_norms:
+        if strict and "norm_type" in axes and axes["norm_type"] != DEFAULTS["norm_type"]:
+            raise VariantError(
+                f"norm_type={axes['norm_type']} does not apply to norm={values['norm']}; "
+                f"valid: leave norm_type out, or use norm={', '.join(n for n in PLACEMENTS if PLACEMENTS.get(n).needs_norms)}"
+            )
+        norm_type = None
+    return VariantSpec(values["norm"], norm_type, act, values["mlp"], residual)
+
+
+def _from_id(text: str) -> VariantSpec:
+    parts = text.split(".")
+    axes: dict[str, Any] = {"norm": parts.pop(0)}
+    if axes["norm"] in PLACEMENTS and PLACEMENTS.get(axes["norm"]).needs_norms and parts:
+        axes["norm_type"] = parts.pop(0)
+    if parts and parts[0] not in MLPS:
+        axes["act"] = parts.pop(0)
+    if len(parts) != 2:
+        raise VariantError(
+            f"variant {text!r} is not an id of the form norm.norm_type.act.mlp.res|nores"
+        )
+    axes["mlp"], axes["residual"] = parts
+    spec = make_variant(**axes)
+    if spec.id != text:
+        raise VariantError(f"variant {text!r} is not a canonical id; did you mean {spec.id!r}?")
+    return spec
+
+
+def parse_variant(text: str) -> VariantSpec:
+    """Parse a preset name (`gpt2`), an id (`post.layernorm.relu.dense.res`) or axis
+    assignments (`norm=post,act=relu`)."""
+    text = text.strip()
+    if not text:
+        raise VariantError("empty variant; valid: a preset (" + ", ".join(PRESETS) + "), an id, or axis=value,...")
+    if "=" in text:
+        axes = {}
+        for item in text.split(","):
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise VariantError(f"variant item {item!r} is not axis=value; valid axes: {', '.join(AXES)}")
+            axes[key.strip()] = value.strip()
+        return make_variant(**axes)
+    if text in PRESETS:
+        return PRESETS.get(text)
+    if "." in text:
+        return _from_id(text)
+    raise VariantError(
+        f"unknown variant {text!r}; valid: a preset ({', '.join(PRESETS)}), an id such as "
+        f"{VariantSpec().id!r}, or axis=value,... with axes {', '.join(AXES)}"
+    )
+
+
+def all_variants() -> Iterator[VariantSpec]:
+    """Every distinct registered combination of the axes, in registry order."""
+    seen = set()
+    for norm, norm_type, act, mlp, residual in itertools.product(
+        PLACEMENTS, NORMS, ACTIVATIONS, MLPS, (True, False)
+    ):
+        try:
+            spec = make_variant(strict=False, norm=norm, norm_type=norm_type, act=act, mlp=mlp, residual=residual)
+        except VariantError:
+            continue  # a contradictory combination, e.g. deepnorm without residual
+        if spec not in seen:
+            seen.add(spec)
+            yield spec
+
+
+def variant_from_axes(values: Mapping[str, Any]) -> VariantSpec:
+    """The spec for the variant axes found in a flat config mapping (grids use this)."""
+    return make_variant(strict=False, **{k: values[k] for k in AXES if k in values})
