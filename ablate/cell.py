@@ -1,0 +1,71 @@
+"""The cell function: train one fully specified cell into its run directory, exactly once.
+
+Every way of running cells (`ablate train`, local workers, Ray tasks, SLURM array jobs)
+calls `run_cell`. It is idempotent: a finished cell (summary.json present) is skipped, a
+cell locked by a live process is reported busy, anything else is resumed or started.
+"""
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ablate.config import cell_id, group_id, resolve
+from ablate.rundir import SUMMARY, CellLock, read_json, write_json_atomic
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One unit of work: flat options plus where it belongs."""
+
+    options: dict[str, Any]
+    id: str
+    group: str
+    axes: dict[str, Any] = field(default_factory=dict)
+    grid: str | None = None
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any], id_keys=(), axes=None, grid=None) -> "Cell":
+        cfg = resolve(options)  # raises ConfigError on anything invalid
+        return cls(dict(options), cell_id(cfg, id_keys), group_id(cfg, id_keys), dict(axes or {}), grid)
+
+
+@dataclass
+class CellOutcome:
+    cell_id: str
+    outcome: str  # trained | skipped (already finished) | busy (another process holds it)
+    summary: dict[str, Any] | None
+
+
+def run_cell(cell: Cell, out_root: str | Path, retries: int = 0, quiet: bool = True) -> CellOutcome:
+    """Train `cell` under `out_root/<cell.id>/`, retrying a Python error `retries` times
+    before recording status `failed`. Divergence is a result and is never retried."""
+    from ablate.train import train  # heavy imports (torch) only when a cell really runs
+
+    run_dir = Path(out_root) / cell.id
+    if (run_dir / SUMMARY).exists():
+        return CellOutcome(cell.id, "skipped", read_json(run_dir / SUMMARY))
+    lock = CellLock(run_dir)
+    if not lock.acquire():
+        return CellOutcome(cell.id, "busy", None)
+    try:
+        if (run_dir / SUMMARY).exists():  # finished while we waited for the lock
+            return CellOutcome(cell.id, "skipped", read_json(run_dir / SUMMARY))
+        for attempt in range(retries + 1):
+            try:
+                return CellOutcome(cell.id, "trained", train(cell, run_dir, quiet=quiet))
+            except Exception as e:  # noqa: BLE001  (any error in a run is its result)
+                error = f"{type(e).__name__}: {e}".splitlines()[0]
+                (run_dir / f"error-attempt{attempt}.txt").write_text(traceback.format_exc())
+                if attempt == retries:
+                    summary = {
+                        "status": "failed", "final_loss": None, "final_val_loss": None,
+                        "diverged_at_step": None, "steps": None, "wall_time_s": None,
+                        "error": error, "attempts": attempt + 1,
+                    }
+                    write_json_atomic(run_dir / SUMMARY, summary)
+                    return CellOutcome(cell.id, "trained", summary)
+    finally:
+        lock.release()
+    raise AssertionError("unreachable")
