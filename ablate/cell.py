@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate.config import cell_id, group_id, resolve
+from ablate.errors import ConfigError
 from ablate.rundir import SUMMARY, CellLock, read_json, write_json_atomic
 
 
@@ -55,7 +56,9 @@ def run_cell(cell: Cell, out_root: str | Path, retries: int = 0, quiet: bool = T
         for attempt in range(retries + 1):
             try:
                 return CellOutcome(cell.id, "trained", train(cell, run_dir, quiet=quiet))
-            except Exception as e:  # noqa: BLE001  (any error in a run is its result)
+            except ConfigError:
+                raise  # the user's input, not the run, is wrong: nothing to record
+            except Exception as e:  # noqa: BLE001  (any other error in a run is its result)
                 error = f"{type(e).__name__}: {e}".splitlines()[0]
                 (run_dir / f"error-attempt{attempt}.txt").write_text(traceback.format_exc())
                 if attempt == retries:

@@ -1,0 +1,243 @@
+"""Token data: the embedded default corpus, text files, llm.c `.bin` shards, BPE.
+
+Every source ends up as token files in llm.c's shard format (a 256 x int32 header with
+magic 20240520, version 1 and the token count, then uint16 tokens), memory-mapped, so the
+corpus is never held in Python objects. Converted sources are cached under
+$ABLATE_CACHE (default ~/.cache/ablate), keyed by the files' names, sizes and mtimes.
+
+Batches are a pure function of (seed, step): resuming needs no loader state, and two
+variants trained with the same seed see the same batches in the same order.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sysconfig
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ablate.errors import ConfigError
+
+MAGIC, VERSION, HEADER_INTS = 20240520, 1, 256
+VAL_FRACTION = 0.05
+TEXT_SUFFIXES = {".txt", ".md", ".py", ".rst", ".json", ".csv", ".html", ".tex", ".c", ".h"}
+_SPLIT_SALT = {"train": 0, "val": 1}
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("ABLATE_CACHE", Path.home() / ".cache" / "ablate"))
+
+
+# ---------------------------------------------------------------- llm.c shard format
+
+
+def write_shard(path: Path, tokens: np.ndarray) -> None:
+    """Write uint16 tokens as an llm.c shard, atomically."""
+    tokens = np.asarray(tokens)
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= 2**16):
+        raise ValueError("shard tokens must fit in uint16")
+    header = np.zeros(HEADER_INTS, dtype=np.int32)
+    header[:3] = (MAGIC, VERSION, tokens.size)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.astype(np.uint16).tobytes())
+    os.replace(tmp, path)
+
+
+def read_shard(path: Path) -> np.ndarray:
+    """Memory-map an llm.c shard's tokens (uint16), checking its header."""
+    path = Path(path)
+    header = np.fromfile(path, dtype=np.int32, count=HEADER_INTS)
+    if header.size < 3 or header[0] != MAGIC:
+        raise ConfigError(f"{path} is not an llm.c token shard (magic {header[0] if header.size else 'missing'}, expected {MAGIC})")
+    if header[1] != VERSION:
+        raise ConfigError(f"{path}: shard version {header[1]} is not supported; valid: {VERSION}")
+    n = int(header[2])
+    expected = HEADER_INTS * 4 + 2 * n
+    if path.stat().st_size != expected:
+        raise ConfigError(f"{path}: header says {n} tokens but the file holds {(path.stat().st_size - HEADER_INTS * 4) // 2}")
+    return np.memmap(path, dtype=np.uint16, mode="r", offset=HEADER_INTS * 4, shape=(n,))
+
+
+# ---------------------------------------------------------------- sources
+
+
+def stdlib_files() -> list[Path]:
+    """The running interpreter's standard-library `.py` sources, in a fixed order.
+    Installed packages (site-packages) are excluded: they differ between machines."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = [
+        p for p in root.rglob("*.py")
+        if not ({"site-packages", "dist-packages", "__pycache__"} & set(p.relative_to(root).parts))
+    ]
+    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+
+
+def _text_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
+    if not files:
+        raise ConfigError(f"data folder {path} holds no text files; valid suffixes: {', '.join(sorted(TEXT_SUFFIXES))}")
+    return files
+
+
+def _listing_key(files: list[Path], extra: str) -> str:
+    h = hashlib.sha256(extra.encode())
+    for p in files:
+        st = p.stat()
+        h.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def _read_bytes(files: list[Path]) -> bytes:
+    return b"".join(p.read_bytes() for p in files)
+
+
+# ---------------------------------------------------------------- tokenizers
+
+
+def _train_bpe(text_files: list[Path], vocab_size: int, out: Path):
+    """A byte-level BPE of `vocab_size` trained on the corpus (Hugging Face tokenizers)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train([str(p) for p in text_files], trainer)
+    if tok.get_vocab_size() > vocab_size:
+        raise ConfigError(f"BPE produced {tok.get_vocab_size()} tokens, more than vocab_size {vocab_size}")
+    tmp = out.with_suffix(".tmp")
+    tok.save(str(tmp))
+    os.replace(tmp, out)
+    return tok
+
+
+def _encode(text_files: list[Path], tokenizer: str, vocab_size: int, cache: Path) -> np.ndarray:
+    raw = _read_bytes(text_files)
+    if tokenizer == "bytes":
+        return np.frombuffer(raw, dtype=np.uint8).astype(np.uint16)
+    tok_path = cache / f"bpe-{vocab_size}.json"
+    if tok_path.exists():
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(tok_path))
+    else:
+        tok = _train_bpe(text_files, vocab_size, tok_path)
+    text = raw.decode("utf-8", errors="replace")
+    # Encode in line-aligned chunks so tokenizers can parallelise and memory stays flat.
+    lines = text.splitlines(keepends=True)
+    chunks = ["".join(lines[i : i + 2000]) for i in range(0, len(lines), 2000)]
+    ids = [np.asarray(e.ids, dtype=np.uint16) for e in tok.encode_batch(chunks)]
+    return np.concatenate(ids) if ids else np.zeros(0, dtype=np.uint16)
+
+
+# ---------------------------------------------------------------- the dataset
+
+
+@dataclass
+class TokenData:
+    train: list[np.ndarray]  # memory-mapped uint16 token arrays (one per shard)
+    val: list[np.ndarray]
+    source: str  # stdlib | text | shards
+    path: str | None
+    tokenizer: str
+    vocab_size: int
+    fingerprint: str
+
+    def describe(self) -> dict:
+        return {
+            "source": self.source, "path": self.path, "fingerprint": self.fingerprint,
+            "tokenizer": self.tokenizer, "vocab_size": self.vocab_size,
+            "train_tokens": int(sum(a.size for a in self.train)),
+            "val_tokens": int(sum(a.size for a in self.val)),
+        }
+
+    def batch(self, split: str, index: int, seed: int, batch_size: int, seq_len: int, device="cpu"):
+        """Batch `index` of `split` for `seed`: inputs and next-token targets, int64."""
+        arrays = self.train if split == "train" else self.val
+        windows = np.array([max(a.size - seq_len, 0) for a in arrays])
+        if windows.sum() == 0:
+            raise ConfigError(f"{split} split is shorter than seq_len {seq_len} + 1 tokens")
+        rng = np.random.default_rng([seed, index, _SPLIT_SALT[split]])
+        picks = rng.integers(0, windows.sum(), size=batch_size)
+        bounds = np.cumsum(windows)
+        shard_of = np.searchsorted(bounds, picks, side="right")
+        rows = np.empty((batch_size, seq_len + 1), dtype=np.int64)
+        span = np.arange(seq_len + 1)
+        for i, (s, p) in enumerate(zip(shard_of, picks)):
+            start = p - (bounds[s] - windows[s])
+            rows[i] = arrays[s][start + span]
+        t = torch.from_numpy(rows)
+        if t.max() >= self.vocab_size:
+            raise ConfigError(f"token id {int(t.max())} is outside the model's vocabulary of {self.vocab_size}; valid: a larger vocab_size")
+        t = t.to(device, non_blocking=True)
+        return t[:, :-1], t[:, 1:]
+
+
+def _fingerprint(arrays: list[np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        for i in range(0, a.size, 1 << 24):
+            h.update(np.ascontiguousarray(a[i : i + (1 << 24)]).tobytes())
+    return "sha256:" + h.hexdigest()
+
+
+def _cached_tokens(files: list[Path], tokenizer: str, vocab_size: int, tag: str) -> tuple[np.ndarray, str, Path]:
+    key = _listing_key(files, f"{tag}|{tokenizer}|{vocab_size}")
+    cache = cache_root() / f"{tag}-{key}"
+    tokens_path, meta_path = cache / f"tokens-{tokenizer}-{vocab_size}.bin", cache / f"tokens-{tokenizer}-{vocab_size}.json"
+    if not meta_path.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        tokens = _encode(files, tokenizer, vocab_size, cache)
+        write_shard(tokens_path, tokens)
+        meta = {"fingerprint": _fingerprint([read_shard(tokens_path)]), "files": len(files)}
+        fd, tmp = tempfile.mkstemp(dir=cache, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(meta, f)
+        os.replace(tmp, meta_path)
+    meta = json.loads(meta_path.read_text())
+    return read_shard(tokens_path), meta["fingerprint"], cache
+
+
+def _split(tokens: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Hold out the last 5% of the stream for validation."""
+    n_val = max(int(tokens.size * VAL_FRACTION), 1)
+    return [tokens[:-n_val]], [tokens[-n_val:]]
+
+
+def load_data(path: str | None, tokenizer: str, vocab_size: int) -> TokenData:
+    """The token data for a config's `data` option and a model size's tokenizer."""
+    if path is None:
+        tokens, fp, _ = _cached_tokens(stdlib_files(), tokenizer, vocab_size, "stdlib")
+        train, val = _split(tokens)
+        return TokenData(train, val, "stdlib", None, tokenizer, vocab_size, fp)
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"data path {path!r} does not exist; valid: a text file, a folder of text files, or llm.c .bin shards")
+    shards = [p] if p.suffix == ".bin" else sorted(p.glob("*.bin")) if p.is_dir() else []
+    if shards:
+        # llm.c's convention: shards with "val" in their name hold the validation split.
+        val_files = [s for s in shards if "val" in s.name]
+        train_files = [s for s in shards if s not in val_files]
+        train = [read_shard(s) for s in train_files]
+        if val_files:
+            val = [read_shard(s) for s in val_files]
+        else:
+            train, val = _split(train[-1]) if len(train) == 1 else (train[:-1], train[-1:])
+        fp = _fingerprint(train + val)
+        return TokenData(train, val, "shards", str(p), "pretokenized", max(vocab_size, 50257), fp)
+    tokens, fp, _ = _cached_tokens(_text_files(p), tokenizer, vocab_size, "text")
+    train, val = _split(tokens)
+    return TokenData(train, val, "text", str(p), tokenizer, vocab_size, fp)

@@ -1,0 +1,216 @@
+"""`ablate train`: learning, determinism, metrics, divergence, resume, data, bad input."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ablate.cell import Cell, run_cell
+from ablate.cli import main
+from ablate.data import TokenData, load_data, read_shard, write_shard
+
+FAST = {"model": "tiny", "batch_size": 4, "seq_len": 32, "eval_every": 5, "eval_batches": 2, "threads": 1}
+
+
+def train_cell(out, **options):
+    cell = Cell.from_options({**FAST, **options})
+    result = run_cell(cell, out)
+    return out / cell.id, result
+
+
+def metrics(run_dir):
+    with open(run_dir / "metrics.jsonl") as f:
+        return [json.loads(line) for line in f]
+
+
+def without_timing(rows):
+    return [{k: v for k, v in r.items() if k not in ("time_s", "tokens_per_s")} for r in rows]
+
+
+def test_loss_falls_on_the_default_corpus(tmp_path):
+    run_dir, result = train_cell(tmp_path, steps=150, lr=3e-3, batch_size=8, seq_len=64, warmup=10)
+    rows = metrics(run_dir)
+    assert result.summary["status"] == "completed"
+    assert np.mean([r["loss"] for r in rows[-10:]]) < rows[0]["loss"] - 1.5
+    assert result.summary["final_val_loss"] < rows[0]["loss"] - 1.0
+
+
+def test_cpu_runs_are_bitwise_repeatable(tmp_path):
+    a, _ = train_cell(tmp_path / "a", steps=12, lr=1e-3)
+    b, _ = train_cell(tmp_path / "b", steps=12, lr=1e-3)
+    assert without_timing(metrics(a)) == without_timing(metrics(b))
+
+
+def test_variants_with_one_seed_see_the_same_batches(tmp_path, monkeypatch):
+    seen = {}
+    original = TokenData.batch
+
+    def recording(self, split, index, seed, *args, **kwargs):
+        x, y = original(self, split, index, seed, *args, **kwargs)
+        seen.setdefault(current, []).append((split, index, x.clone(), y.clone()))
+        return x, y
+
+    monkeypatch.setattr(TokenData, "batch", recording)
+    for current in ("pre", "post"):
+        train_cell(tmp_path / current, steps=3, norm=current)
+    assert len(seen["pre"]) == len(seen["post"]) > 3
+    for (s1, i1, x1, y1), (s2, i2, x2, y2) in zip(seen["pre"], seen["post"]):
+        assert (s1, i1) == (s2, i2) and (x1 == x2).all() and (y1 == y2).all()
+    # A different seed draws different batches.
+    data = load_data(None, "bytes", 256)
+    assert not (data.batch("train", 0, 0, 4, 32)[0] == data.batch("train", 0, 1, 4, 32)[0]).all()
+
+
+def test_every_design_metric_is_logged_for_every_layer(tmp_path):
+    run_dir, _ = train_cell(tmp_path, steps=5, layers=3)
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(5))
+    names = {"step", "tokens", "loss", "lr", "grad_norm", "grad_norm/embed", "time_s", "tokens_per_s"}
+    for i in range(3):
+        names |= {f"grad_norm/layer_{i}", f"grad_norm/layer_{i}/attn", f"grad_norm/layer_{i}/mlp",
+                  f"grad_norm/layer_{i}/norm", f"act_norm/layer_{i}", f"update_ratio/layer_{i}"}
+    for row in rows:
+        assert names <= set(row), names - set(row)
+        assert "grad_norm/layer_3" not in row
+    assert "val_loss" in rows[-1] and "val_loss" in rows[4]
+    # The total is the root-sum-square of the buckets plus the final norm (not bucketed).
+    r = rows[0]
+    parts = r["grad_norm/embed"] ** 2 + sum(r[f"grad_norm/layer_{i}"] ** 2 for i in range(3))
+    assert parts <= r["grad_norm"] ** 2 * (1 + 1e-5)
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["data"]["fingerprint"].startswith("sha256:")
+    assert config["kernels"] == "reference" and config["variant"]["id"] == "pre.layernorm.gelu.dense.res"
+
+
+def test_huge_learning_rate_diverges_as_a_result(tmp_path):
+    run_dir, result = train_cell(tmp_path, steps=60, lr=50.0)
+    s = result.summary
+    assert s["status"] == "diverged" and s["final_loss"] is None
+    assert 0 <= s["diverged_at_step"] < 60 and s["steps"] == s["diverged_at_step"] + 1
+    assert {p.name for p in run_dir.iterdir()} >= {"config.json", "metrics.jsonl", "summary.json"}
+    assert not (run_dir / "checkpoint.pt").exists()
+    text = (run_dir / "metrics.jsonl").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert metrics(run_dir)[-1]["step"] == s["diverged_at_step"]
+
+
+def _cli(*args, cwd=None):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "ablate", "train", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+CLI_ARGS = ["--steps", "40", "--batch-size", "4", "--seq-len", "32", "--checkpoint-every", "8",
+            "--eval-every", "10", "--eval-batches", "2", "--threads", "1", "--quiet"]
+
+
+def _wait_for_steps(path, n, proc, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if path.exists() and path.read_text().count("\n") >= n:
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise AssertionError("run did not reach the step in time")
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, how):
+    ref = _cli(*CLI_ARGS, "--out", str(tmp_path / "ref"))
+    assert ref.wait() == 0, ref.communicate()
+    proc = _cli(*CLI_ARGS, "--out", str(tmp_path / "cut"))
+    cell = "pre.layernorm.gelu.dense.res__batch_size=4__seq_len=32__steps=40__seed=0"
+    _wait_for_steps(tmp_path / "cut" / cell / "metrics.jsonl", 21, proc)
+    proc.send_signal(how)
+    proc.wait()
+    assert not (tmp_path / "cut" / cell / "summary.json").exists()
+    assert (tmp_path / "cut" / cell / "checkpoint.pt").exists()
+    again = _cli(*CLI_ARGS, "--out", str(tmp_path / "cut"))
+    assert again.wait() == 0, again.communicate()
+    cut, full = metrics(tmp_path / "cut" / cell), metrics(tmp_path / "ref" / cell)
+    assert [r["step"] for r in cut] == list(range(40))
+    assert without_timing(cut) == without_timing(full)
+
+
+def test_rerunning_a_finished_run_is_a_no_op(tmp_path, capsys):
+    args = ["train", "--steps", "3", "--batch-size", "2", "--seq-len", "16", "--quiet", "--out", str(tmp_path)]
+    assert main(args) == 0
+    run_dir = next(tmp_path.iterdir())
+    before = {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()}
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "already finished" in capsys.readouterr().out
+    assert {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()} == before
+
+
+def test_shard_reader_round_trips(tmp_path):
+    tokens = np.random.default_rng(0).integers(0, 50257, size=10_001).astype(np.uint16)
+    write_shard(tmp_path / "train_000.bin", tokens)
+    back = read_shard(tmp_path / "train_000.bin")
+    assert isinstance(back, np.memmap) and back.dtype == np.uint16
+    assert np.array_equal(np.asarray(back), tokens)
+    header = np.fromfile(tmp_path / "train_000.bin", dtype=np.int32, count=256)
+    assert list(header[:3]) == [20240520, 1, 10_001]
+    write_shard(tmp_path / "val_000.bin", tokens[:3000])
+    data = load_data(str(tmp_path), "bytes", 256)
+    assert data.source == "shards" and data.vocab_size == 50257
+    assert data.describe()["train_tokens"] == 10_001 and data.describe()["val_tokens"] == 3000
+    x, y = data.batch("train", 0, 0, 2, 8)
+    assert (x[:, 1:] == y[:, :-1]).all()
+
+
+def test_trains_on_shards_and_on_text_with_bpe(tmp_path, monkeypatch):
+    monkeypatch.setenv("ABLATE_CACHE", str(tmp_path / "cache"))
+    tokens = np.random.default_rng(0).integers(0, 300, size=5000).astype(np.uint16)
+    write_shard(tmp_path / "data.bin", tokens)
+    run_dir, result = train_cell(tmp_path / "shards", steps=3, data=str(tmp_path / "data.bin"))
+    assert result.summary["status"] == "completed"
+    assert json.loads((run_dir / "config.json").read_text())["model"]["vocab_size"] == 50257
+    text = tmp_path / "corpus.txt"
+    text.write_text("".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(3000)))
+    data = load_data(str(text), "bpe", 400)
+    assert data.tokenizer == "bpe" and any((tmp_path / "cache").rglob("bpe-400.json"))
+    assert int(max(a.max() for a in data.train)) < 400
+    assert data.describe()["train_tokens"] < text.stat().st_size / 2  # BPE compresses
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--variant", "nope"], "unknown variant 'nope'"),
+        (["--steps", "-5"], "steps -5 must be at least 1"),
+        (["--lr", "fast"], "lr 'fast' is not a valid float"),
+        (["--data", "/no/such/path"], "data path '/no/such/path' does not exist"),
+        (["--model", "huge"], "unknown model 'huge'; valid: tiny"),
+        (["--variant", "mlp=swiglu,act=relu"], "does not apply to mlp=swiglu"),
+        (["--set", "colour=red"], "unknown option 'colour'"),
+        (["--kernels", "magic"], "unknown kernels 'magic'"),
+    ],
+)
+def test_bad_flags_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, args, fragment):
+    out = tmp_path / "out"
+    assert main(["train", *args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_bad_flag_from_the_command_line_has_no_traceback(tmp_path):
+    proc = _cli("--lr", "x", "--out", str(tmp_path / "o"))
+    out, err = proc.communicate()
+    assert proc.returncode == 2 and err.strip().count("\n") == 0 and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_different_config_in_the_same_directory_is_refused(tmp_path, capsys):
+    base = ["train", "--steps", "3", "--batch-size", "2", "--seq-len", "16", "--quiet", "--out", str(tmp_path)]
+    assert main(base) == 0
+    run_dir = next(tmp_path.iterdir())
+    (run_dir / "summary.json").unlink()  # pretend it is unfinished, then change an option
+    assert main(base + ["--set", "eval_batches=3"]) == 2
+    assert "holds a run with a different train" in capsys.readouterr().err
