@@ -49,6 +49,7 @@ class TrainConfig:
     checkpoint_every: int = 100
     diverge_factor: float = 2.0  # diverged when loss > factor * first loss (or non-finite)
     threads: int | None = None  # CPU threads; None = torch's default
+    compile: bool = False  # torch.compile the model
     # Variant axes, when given, override the corresponding part of `variant`.
     norm: str | None = None
     norm_type: str | None = None

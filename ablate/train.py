@@ -189,10 +189,12 @@ def train(cell, run_dir: str | Path, quiet: bool = True) -> dict:
 
     probes = Probes(model) if cfg.probes else None
     model.record_act_rms = cfg.probes
+    forward = torch.compile(model) if cfg.compile else model
     tokens_per_step = cfg.batch_size * cfg.context
     recent: list[float] = []
     status, diverged_at, val_loss, step = "completed", None, None, start - 1
     bar = _progress(cfg, start, quiet)
+    clock0 = time.perf_counter() - elapsed  # time_s is wall-clock training time, resumes included
     with jsonlines.open(run_dir / METRICS, mode="a", flush=True) as log, _graceful_signals() as signals:
         for step in range(start, cfg.steps):
             t0 = time.perf_counter()
@@ -201,7 +203,7 @@ def train(cell, run_dir: str | Path, quiet: bool = True) -> dict:
                 group["lr"] = lr
             x, y = data.batch("train", step, cfg.seed, cfg.batch_size, cfg.context, device)  # ...and the batch order
             with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-                _, loss = model(x, y)
+                _, loss = forward(x, y)
             loss.backward()
             logged = probes is not None and step % cfg.log_every == 0
             if logged:
@@ -216,7 +218,6 @@ def train(cell, run_dir: str | Path, quiet: bool = True) -> dict:
             else:
                 loss_value, metrics = loss.item(), {}
             dt = time.perf_counter() - t0
-            elapsed += dt
             first_loss = loss_value if first_loss is None else first_loss
             diverged = not math.isfinite(loss_value) or loss_value > cfg.diverge_factor * first_loss
             last = step == cfg.steps - 1 or diverged
@@ -225,7 +226,8 @@ def train(cell, run_dir: str | Path, quiet: bool = True) -> dict:
                 metrics["val_loss"] = finite_or_none(val_loss)
             if step % cfg.log_every == 0 or last:
                 log.write({"step": step, "tokens": (step + 1) * tokens_per_step, "loss": finite_or_none(loss_value),
-                           "lr": lr, **metrics, "time_s": elapsed, "tokens_per_s": tokens_per_step / dt})
+                           "lr": lr, **metrics, "time_s": time.perf_counter() - clock0,
+                           "tokens_per_s": tokens_per_step / dt})
             recent = (recent + [loss_value])[-FINAL_LOSS_WINDOW:]
             if bar is not None:
                 bar.update(1)
@@ -234,9 +236,11 @@ def train(cell, run_dir: str | Path, quiet: bool = True) -> dict:
                 status, diverged_at = "diverged", step
                 break
             if not last and ((step + 1) % cfg.checkpoint_every == 0 or signals):
+                elapsed = time.perf_counter() - clock0
                 _save_checkpoint(ckpt_path, model, opt, step + 1, {"first_loss": first_loss, "elapsed": elapsed})
                 if signals:
                     raise Interrupted(f"stopped by signal {signals[0]} after step {step}; rerun to resume")
+    elapsed = time.perf_counter() - clock0
     if bar is not None:
         bar.close()
     summary = {
