@@ -155,6 +155,7 @@ class TokenData:
     tokenizer: str
     vocab_size: int
     fingerprint: str
+    unigram_entropy: float | None = None  # nats/token of the token frequencies: the loss of a context-free model
 
     def describe(self) -> dict:
         return {
@@ -162,6 +163,7 @@ class TokenData:
             "tokenizer": self.tokenizer, "vocab_size": self.vocab_size,
             "train_tokens": int(sum(a.size for a in self.train)),
             "val_tokens": int(sum(a.size for a in self.val)),
+            "unigram_entropy": self.unigram_entropy,
         }
 
     def batch(self, split: str, index: int, seed: int, batch_size: int, seq_len: int, device="cpu"):
@@ -194,21 +196,29 @@ def _fingerprint(arrays: list[np.ndarray]) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def _cached_tokens(files: list[Path], tokenizer: str, vocab_size: int, tag: str) -> tuple[np.ndarray, str, Path]:
-    key = _listing_key(files, f"{tag}|{tokenizer}|{vocab_size}")
+def unigram_entropy(tokens: np.ndarray) -> float:
+    """Entropy (nats) of the token frequencies. A model whose loss stays near it has learnt
+    nothing from context: the plateau that post-norm gets stuck on."""
+    counts = np.bincount(np.asarray(tokens), minlength=1).astype(np.float64)
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())
+
+
+def _cached_tokens(files: list[Path], tokenizer: str, vocab_size: int, tag: str) -> tuple[np.ndarray, dict]:
+    key = _listing_key(files, f"{tag}|{tokenizer}|{vocab_size}|v2")
     cache = cache_root() / f"{tag}-{key}"
     tokens_path, meta_path = cache / f"tokens-{tokenizer}-{vocab_size}.bin", cache / f"tokens-{tokenizer}-{vocab_size}.json"
     if not meta_path.exists():
         cache.mkdir(parents=True, exist_ok=True)
         tokens = _encode(files, tokenizer, vocab_size, cache)
         write_shard(tokens_path, tokens)
-        meta = {"fingerprint": _fingerprint([read_shard(tokens_path)]), "files": len(files)}
+        stored = read_shard(tokens_path)
+        meta = {"fingerprint": _fingerprint([stored]), "files": len(files), "unigram_entropy": unigram_entropy(stored)}
         fd, tmp = tempfile.mkstemp(dir=cache, suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             json.dump(meta, f)
         os.replace(tmp, meta_path)
-    meta = json.loads(meta_path.read_text())
-    return read_shard(tokens_path), meta["fingerprint"], cache
+    return read_shard(tokens_path), json.loads(meta_path.read_text())
 
 
 def _split(tokens: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -220,9 +230,9 @@ def _split(tokens: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
 def load_data(path: str | None, tokenizer: str, vocab_size: int) -> TokenData:
     """The token data for a config's `data` option and a model size's tokenizer."""
     if path is None:
-        tokens, fp, _ = _cached_tokens(stdlib_files(), tokenizer, vocab_size, "stdlib")
+        tokens, meta = _cached_tokens(stdlib_files(), tokenizer, vocab_size, "stdlib")
         train, val = _split(tokens)
-        return TokenData(train, val, "stdlib", None, tokenizer, vocab_size, fp)
+        return TokenData(train, val, "stdlib", None, tokenizer, vocab_size, meta["fingerprint"], meta.get("unigram_entropy"))
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"data path {path!r} does not exist; valid: a text file, a folder of text files, or llm.c .bin shards")
@@ -238,6 +248,6 @@ def load_data(path: str | None, tokenizer: str, vocab_size: int) -> TokenData:
             train, val = _split(train[-1]) if len(train) == 1 else (train[:-1], train[-1:])
         fp = _fingerprint(train + val)
         return TokenData(train, val, "shards", str(p), "pretokenized", max(vocab_size, 50257), fp)
-    tokens, fp, _ = _cached_tokens(_text_files(p), tokenizer, vocab_size, "text")
+    tokens, meta = _cached_tokens(_text_files(p), tokenizer, vocab_size, "text")
     train, val = _split(tokens)
-    return TokenData(train, val, "text", str(p), tokenizer, vocab_size, fp)
+    return TokenData(train, val, "text", str(p), tokenizer, vocab_size, meta["fingerprint"], meta.get("unigram_entropy"))
