@@ -1,0 +1,55 @@
+"""`ablate report DIR [--baseline GROUP|VARIANT]`: plots, report.md and summary.csv for a
+grid folder (finished or still running) or a single run directory, written into DIR."""
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+import warnings
+
+from ablate.errors import ConfigError
+
+
+def add_arguments(p) -> None:
+    p.add_argument("dir", metavar="DIR", help="a grid folder (grid.json and/or cell folders) or a run directory")
+    p.add_argument("--baseline", metavar="GROUP", default=None,
+                   help="group (or variant id, compared at matching options) that every other group is compared "
+                        "with (default: the default block's variant when it ran, else the first group)")
+    p.add_argument("--last-k", type=int, default=None, metavar="K",
+                   help="final loss = mean of the last K logged steps (default 10)")
+    p.add_argument("--spike-z", type=float, default=None, metavar="Z",
+                   help="a loss spike is Z robust standard deviations above the running median (default 5)")
+
+
+def run(args) -> int:
+    # analysis (pandas, scipy, matplotlib) is imported here so `ablate --help` stays fast.
+    from analysis.analyse import Settings, analyse
+    from analysis.load import RunsError
+    from analysis.report import write_report
+
+    settings = Settings()
+    if args.last_k is not None:
+        if args.last_k < 1:
+            raise ConfigError(f"--last-k {args.last_k} must be at least 1")
+        settings = replace(settings, last_k=args.last_k)
+    if args.spike_z is not None:
+        if not args.spike_z > 0:
+            raise ConfigError(f"--spike-z {args.spike_z} must be above 0")
+        settings = replace(settings, spike_z=args.spike_z)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            analysis = analyse(args.dir, args.baseline, settings)
+        except RunsError as e:
+            raise ConfigError(str(e)) from None
+        path = write_report(args.dir, analysis=analysis, settings=settings)
+    for w in caught:  # e.g. a metrics line cut by a crash: one line each, not a traceback
+        if issubclass(w.category, UserWarning):
+            print(f"ablate report: warning: {w.message}", file=sys.stderr)
+
+    cells = analysis.metrics
+    counts = cells["status"].value_counts().to_dict() if not cells.empty else {}
+    status = ", ".join(f"{n} {s}" for s, n in counts.items()) or "no cells started"
+    groups = len(analysis.groups)
+    print(f"{path} ({groups} group{'s' if groups != 1 else ''}; {status})")
+    return 0

@@ -1,0 +1,94 @@
+"""One call from a folder to every number a report shows: `analyse(path) -> Analysis`.
+
+A follow-up experiment reuses this to write its own verdict: `analyse` once, read
+`analysis.comparisons` / `analysis.summary`, and pass a section to `write_report`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.baseline import Baseline, order_groups, resolve_baseline
+from analysis.load import Runs, load_runs
+from analysis.metrics import DEFAULT_LAST_K, DEFAULT_SPIKE_WINDOW, DEFAULT_SPIKE_Z, cell_metrics, layer_profiles
+from analysis.stats import (DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED, Comparison, group_stats,
+                            paired_comparison)
+
+
+@dataclass(frozen=True)
+class Settings:
+    last_k: int = DEFAULT_LAST_K
+    spike_z: float = DEFAULT_SPIKE_Z
+    spike_window: int = DEFAULT_SPIKE_WINDOW
+    confidence: float = DEFAULT_CONFIDENCE
+    n_resamples: int = DEFAULT_RESAMPLES
+    seed: int = DEFAULT_SEED  # the bootstrap's
+
+
+@dataclass
+class Analysis:
+    runs: Runs
+    settings: Settings
+    baseline: Baseline
+    metrics: pd.DataFrame  # one row per cell: cells + stability metrics, in report order
+    summary: pd.DataFrame  # one row per group: statistics and the comparison (summary.csv)
+    comparisons: list[Comparison] = field(default_factory=list)  # in report order
+    grad_profiles: pd.DataFrame = field(default_factory=pd.DataFrame)  # metrics.layer_profiles
+    act_profiles: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    @property
+    def groups(self) -> list[str]:
+        return list(self.summary["group"]) if not self.summary.empty else []
+
+    def comparison(self, group: str) -> Comparison | None:
+        return next((c for c in self.comparisons if c.group == group), None)
+
+
+def analyse(source: str | Path | Runs, baseline: str | None = None, settings: Settings = Settings()) -> Analysis:
+    """Load (unless given Runs), compute every metric and statistic. Raises RunsError on a
+    path that is not a run or grid folder, UnknownBaseline on a baseline that did not run."""
+    runs = source if isinstance(source, Runs) else load_runs(source)
+    chosen = resolve_baseline(runs.cells, runs.option_axes, baseline)
+    order = order_groups(runs.cells, chosen, runs.option_axes) if not runs.cells.empty else []
+
+    metrics = cell_metrics(runs, settings.last_k, settings.spike_z, settings.spike_window)
+    rank = {g: i for i, g in enumerate(order)}
+    metrics = (metrics.assign(_rank=metrics["group"].map(rank))
+               .sort_values(["_rank", "seed"], kind="stable").drop(columns="_rank").reset_index(drop=True))
+
+    comparisons = [paired_comparison(metrics, g, chosen.of[g], "final_loss", settings.confidence,
+                                     settings.n_resamples, settings.seed)
+                   for g in order if chosen.of.get(g) not in (None, g)]
+    summary = summary_table(metrics, runs, chosen, comparisons, settings)
+    return Analysis(runs, settings, chosen, metrics, summary, comparisons,
+                    layer_profiles(runs, "grad_norm"), layer_profiles(runs, "act_norm"))
+
+
+def summary_table(metrics: pd.DataFrame, runs: Runs, baseline: Baseline, comparisons: list[Comparison],
+                  settings: Settings) -> pd.DataFrame:
+    """group_stats plus the varying axes, the baseline and the comparison, one row per group."""
+    table = group_stats(metrics, "final_loss", settings.confidence, settings.n_resamples, settings.seed)
+    if table.empty:
+        return table
+    by_group = {c.group: c for c in comparisons}
+    first = metrics.groupby("group", sort=False).first()
+    for axis in reversed(runs.varying_axes):
+        table.insert(2, axis, table["group"].map(first[axis]))
+    table.insert(1, "baseline", table["group"].map(lambda g: baseline.of.get(g) or ""))
+
+    def field_of(name):
+        return table["group"].map(lambda g: _or_nan(getattr(by_group[g], name)) if g in by_group else np.nan)
+
+    position = table.columns.get_loc("interval") + 1
+    for offset, (column, name) in enumerate([("delta_vs_baseline", "mean_diff"), ("delta_ci_low", "ci_low"),
+                                             ("delta_ci_high", "ci_high"), ("p_value", "p_value"),
+                                             ("n_pairs", "n_pairs"), ("p_value_paired", "p_value_paired")]):
+        table.insert(position + offset, column, field_of(name))
+    return table
+
+
+def _or_nan(value):
+    return np.nan if value is None else value

@@ -1,0 +1,373 @@
+"""Comparison plots (seaborn style, matplotlib's Agg backend), each written as PNG and SVG.
+
+Every plot function takes frames and an output folder and returns a `Plot` (its figure, the
+files written, a one-line caption), or None when the runs lack the metrics it needs (e.g.
+per-layer plots for runs trained with probes = false). The caller closes the figure.
+
+Colours: one `Style` maps each variant to one colour, shared by every plot of a report.
+When a grid has a single variant, the groups (its option settings) get the colours instead.
+Option axes that vary (lr, warmup, ...) become facet panels.
+"""
+from __future__ import annotations
+
+import functools
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never open a window (and work without a display)
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+from matplotlib.cm import ScalarMappable  # noqa: E402
+from matplotlib.colors import LogNorm  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+from scipy import stats as scipy_stats  # noqa: E402
+
+from analysis.load import layer_columns  # noqa: E402
+from analysis.metrics import PHASES  # noqa: E402
+
+PANEL_SIZE = (4.6, 3.2)  # inches per facet panel
+DIVERGED_COLOUR = "#d62728"
+HEATMAP_CMAP = "viridis"
+PHASE_TITLES = {"init": "at initialisation", "mid": "mid-run", "end": "at the end"}
+
+
+@dataclass
+class Plot:
+    name: str
+    figure: plt.Figure
+    paths: list[Path]
+    caption: str
+
+
+@dataclass(frozen=True)
+class Style:
+    """What colours the lines (`hue`: a cells column), the colour of each value, and the
+    option axes that split the plots into panels."""
+
+    hue: str
+    palette: dict
+    facets: tuple[str, ...] = field(default_factory=tuple)
+
+    def colour(self, value) -> tuple:
+        return self.palette[value]
+
+
+def make_style(cells: pd.DataFrame, option_axes=()) -> Style:
+    """Colour by variant when several variants ran (with a panel per setting of the varying
+    `option_axes`), else by group (one panel). The colours depend only on the sorted names,
+    so a variant keeps its colour in every plot, and in every report of the same variants."""
+    variants = sorted(cells["variant_id"].dropna().unique())
+    if len(variants) > 1:
+        hue, facets = "variant_id", tuple(a for a in option_axes if a in cells)
+    else:
+        hue, facets = "group", ()
+    values = sorted(cells[hue].dropna().unique())
+    colours = sns.color_palette("colorblind" if len(values) <= 10 else "husl", max(len(values), 1))
+    return Style(hue, dict(zip(values, colours)), facets)
+
+
+def _panels(cells: pd.DataFrame, style: Style) -> list[tuple[str, pd.DataFrame]]:
+    """(label, cells) per combination of the facet axes, in sorted order."""
+    if not style.facets:
+        return [("", cells)]
+    panels = []
+    for key, members in cells.groupby(list(style.facets), sort=True, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        panels.append((", ".join(f"{a}={v}" for a, v in zip(style.facets, key)), members))
+    return panels
+
+
+def _curve_cells(members: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
+    """The cells a group's averaged curve is drawn from: those that did not diverge or fail
+    (a diverged run's blow-up would swamp the mean); if every one diverged, those instead,
+    flagged so the line is drawn dashed."""
+    healthy = members[members["status"].isin(["completed", "running"])]
+    if not healthy.empty:
+        return healthy, False
+    return members[members["status"] == "diverged"], True
+
+
+def _grid(n_rows: int, n_cols: int, sharey: bool = False):
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(PANEL_SIZE[0] * n_cols, PANEL_SIZE[1] * n_rows + 0.6),
+                             squeeze=False, sharey=sharey)
+    return fig, axes
+
+
+def _save(fig: plt.Figure, out_dir: Path, name: str, dpi: int) -> list[Path]:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{name}.png", out_dir / f"{name}.svg"]
+    fig.savefig(paths[0], dpi=dpi, bbox_inches="tight")
+    fig.savefig(paths[1], bbox_inches="tight")
+    return paths
+
+
+def _finish(fig: plt.Figure, axes, title: str) -> None:
+    """Title on top, one legend for all panels below them (deduplicated by label), and a
+    layout that keeps the two from overlapping the axis labels."""
+    handles: dict[str, object] = {}
+    for ax in np.ravel(axes):
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    columns = max(1, min(len(handles), 3))
+    rows = -(-len(handles) // columns)
+    height = fig.get_size_inches()[1]
+    legend_space = (0.22 * rows + 0.1) / height if handles else 0.0
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout(rect=(0, legend_space, 1, 1))
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=columns, frameon=False,
+                   fontsize=8)
+
+
+def _styled(plot_function):
+    """Draw inside seaborn's style without changing the caller's global matplotlib settings."""
+    @functools.wraps(plot_function)
+    def wrapper(*args, **kwargs):
+        with sns.axes_style("whitegrid"), sns.plotting_context("notebook", font_scale=0.8):
+            return plot_function(*args, **kwargs)
+    return wrapper
+
+
+def t_band(values: np.ndarray, confidence: float = 0.95) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-column mean and t-interval across rows (seeds); the band is NaN where fewer than
+    two seeds have a value. A t-interval, not a bootstrap: it is computed at every step, and
+    with a handful of seeds it is the wider, more honest of the two."""
+    n = np.isfinite(values).sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN or one-seed columns: handled below
+        mean = np.nanmean(values, axis=0)
+        sem = np.nanstd(values, axis=0, ddof=1) / np.sqrt(n)
+        half = scipy_stats.t.ppf(0.5 + confidence / 2, np.maximum(n - 1, 1)) * sem
+    half[n < 2] = np.nan
+    return mean, mean - half, mean + half
+
+
+@_styled
+def plot_loss_curves(steps: pd.DataFrame, cells: pd.DataFrame, out_dir: Path, style: Style,
+                     metric: str = "loss", smooth: int | None = None, dpi: int = 120,
+                     name: str = "loss_curves") -> Plot | None:
+    """Training loss against step: one line per variant (mean across seeds) with a 95% band,
+    each diverged cell as its own dashed line ending in an x; a panel per option setting.
+    Each seed's batch losses are first averaged over a trailing window of `smooth` logged
+    steps (default: 1% of the run, so long runs stay readable; 1 = raw)."""
+    if steps.empty or metric not in steps:
+        return None
+    if smooth is None:
+        smooth = max(1, steps["step"].nunique() // 100)
+    panels = _panels(cells, style)
+    fig, axes = _grid(1, len(panels), sharey=True)
+    top = -np.inf  # the highest healthy mean or diverged run's first loss, over all panels
+    for ax, (label, members) in zip(axes[0], panels):
+        for group, group_cells in members.groupby("group", sort=False):
+            colour = style.colour(group_cells[style.hue].iloc[0])
+            curve_cells, all_diverged = _curve_cells(group_cells)
+            if not all_diverged and not curve_cells.empty:
+                wide = steps[steps["cell_id"].isin(curve_cells["cell_id"])].pivot_table(
+                    index="cell_id", columns="step", values=metric, dropna=False)
+                if smooth > 1:
+                    wide = wide.T.rolling(smooth, min_periods=1).mean().T
+                mean, low, high = t_band(wide.to_numpy(dtype=float))
+                ax.plot(wide.columns, mean, color=colour, lw=1.4, label=_label(group_cells, style))
+                ax.fill_between(wide.columns, low, high, color=colour, alpha=0.2, lw=0)
+                top = max(top, np.nanmax(mean))
+            for cell in group_cells[group_cells["status"] == "diverged"].itertuples():
+                series = steps[steps["cell_id"] == cell.cell_id]
+                ax.plot(series["step"], series[metric], color=colour, lw=0.9, ls="--",
+                        label=f"{_label(group_cells, style)} (diverged)")
+                finite = series[np.isfinite(series[metric])]
+                if not finite.empty:
+                    ax.scatter(finite["step"].iloc[-1:], finite[metric].iloc[-1:], marker="x", s=40,
+                               color=DIVERGED_COLOUR, zorder=3, label="divergence")
+                    top = max(top, finite[metric].iloc[0])
+        ax.set_title(label or "all cells", fontsize=10)
+        ax.set_xlabel("step")
+    drawn = steps[steps["cell_id"].isin(cells["cell_id"])][metric].to_numpy(dtype=float)
+    lowest = np.nanmin(drawn) if np.isfinite(drawn).any() else np.nan
+    if np.isfinite(top) and np.isfinite(lowest) and top > lowest:
+        # A diverged run's loss can reach 1e30; keep the healthy curves readable. The panels
+        # share their y axis, so one limit serves them all.
+        axes[0][0].set_ylim(lowest - 0.05 * (top - lowest), top + 0.05 * (top - lowest))
+    axes[0][0].set_ylabel(f"training {metric} (nats)")
+    _finish(fig, axes, "Training loss per variant: mean across seeds, 95% t-band (dashed = a diverged seed)")
+    smoothing = f", each seed first averaged over {smooth} logged steps" if smooth > 1 else ""
+    caption = (f"Training loss against step, mean across seeds with a 95% t-interval band{smoothing} "
+               "(no band where only one seed ran); each diverged seed is a dashed line ending at a red x.")
+    return Plot(name, fig, _save(fig, out_dir, name, dpi), caption)
+
+
+def _label(group_cells: pd.DataFrame, style: Style) -> str:
+    return str(group_cells[style.hue].iloc[0])
+
+
+def _bin_columns(wide: pd.DataFrame, max_columns: int) -> pd.DataFrame:
+    """Average neighbouring steps into at most `max_columns` columns (a heatmap cell per
+    logged step is unreadable for long runs); each bin is labelled by its first step."""
+    if wide.shape[1] <= max_columns:
+        return wide
+    bins = np.array_split(np.arange(wide.shape[1]), max_columns)
+    return pd.DataFrame({wide.columns[b[0]]: wide.iloc[:, b].mean(axis=1) for b in bins})
+
+
+@_styled
+def plot_grad_heatmaps(steps: pd.DataFrame, cells: pd.DataFrame, out_dir: Path, style: Style,
+                       max_columns: int = 100, dpi: int = 120, name: str = "grad_norm_heatmaps") -> Plot | None:
+    """Per-layer gradient norm, layer x step, log colour scale shared by all panels: one
+    panel per group (mean across its seeds). Layer 0 (the input side) is at the bottom."""
+    columns = layer_columns(steps, "grad_norm")
+    if not columns:
+        return None
+    maps = []
+    for group, group_cells in cells.groupby("group", sort=False):
+        curve_cells, all_diverged = _curve_cells(group_cells)
+        rows = steps[steps["cell_id"].isin(curve_cells["cell_id"])]
+        if rows.empty:
+            continue
+        mean = rows.groupby("step")[columns].mean()  # step x layer, mean across seeds
+        wide = mean.T.set_axis(range(len(columns)))  # layer x step
+        wide = _bin_columns(wide, max_columns).iloc[::-1]  # layer 0 at the bottom
+        wide = wide.where(wide > 0)  # a log scale cannot show 0; leave those cells blank
+        maps.append((group, group_cells, all_diverged, wide))
+    if not maps:
+        return None
+    values = np.concatenate([m[3].to_numpy(dtype=float).ravel() for m in maps])
+    values = values[np.isfinite(values)]
+    norm = LogNorm(vmin=values.min(), vmax=values.max()) if values.size else None
+    n_cols = min(len(maps), 3)
+    n_rows = -(-len(maps) // n_cols)
+    fig, axes = _grid(n_rows, n_cols)
+    for ax, (group, group_cells, all_diverged, wide) in zip(axes.ravel(), maps):
+        sns.heatmap(wide, ax=ax, norm=norm, cmap=HEATMAP_CMAP, cbar=False,
+                    xticklabels=max(1, wide.shape[1] // 6), yticklabels=max(1, wide.shape[0] // 8))
+        ax.set_title(group + (" (all seeds diverged)" if all_diverged else ""), fontsize=8,
+                     color=style.colour(group_cells[style.hue].iloc[0]))
+        ax.set_xlabel("step")
+        ax.set_ylabel("layer (0 = input)")
+    for ax in axes.ravel()[len(maps):]:
+        ax.set_axis_off()
+    fig.suptitle("Per-layer gradient norm over training (mean across seeds, log colour scale)", fontsize=11)
+    fig.tight_layout(rect=(0, 0, 0.9, 1))
+    # One colour bar for every panel: they share the scale, so panels compare directly.
+    bar_axes = fig.add_axes((0.92, 0.15, 0.015, 0.7))
+    fig.colorbar(ScalarMappable(norm=norm, cmap=HEATMAP_CMAP), cax=bar_axes, label="gradient norm (L2)")
+    caption = ("Gradient norm of each block's parameters (rows, layer 0 at the bottom) against step (columns, "
+               f"at most {max_columns}; neighbouring steps averaged), log colour scale shared by all panels.")
+    return Plot(name, fig, _save(fig, out_dir, name, dpi), caption)
+
+
+def _profile_panels(profiles: pd.DataFrame, cells: pd.DataFrame, style: Style, axes_row, phases,
+                    ylabel: str | None = None):
+    """Draw one line per group (mean over its curve cells) in each phase's axes."""
+    for group, group_cells in cells.groupby("group", sort=False):
+        curve_cells, all_diverged = _curve_cells(group_cells)
+        mine = profiles[profiles["cell_id"].isin(curve_cells["cell_id"])]
+        colour = style.colour(group_cells[style.hue].iloc[0])
+        for ax, phase in zip(axes_row, phases):
+            line = mine[mine["phase"] == phase].groupby("layer")["value"].mean()
+            if line.empty:
+                continue
+            ax.plot(line.index, line.to_numpy(), marker="o", ms=3, color=colour, ls="--" if all_diverged else "-",
+                    label=_label(group_cells, style) + (" (all seeds diverged)" if all_diverged else ""))
+    for ax in axes_row:
+        ax.set_yscale("log")
+        ax.set_xlabel("layer (0 = input)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if ylabel:
+        axes_row[0].set_ylabel(ylabel)
+
+
+@_styled
+def plot_grad_profiles(profiles: pd.DataFrame, cells: pd.DataFrame, out_dir: Path, style: Style,
+                       dpi: int = 120, name: str = "grad_norm_profiles") -> Plot | None:
+    """Per-layer gradient norm at init, mid-run and end (columns), one line per variant;
+    a row of panels per option setting."""
+    if profiles.empty:
+        return None
+    panels = _panels(cells, style)
+    fig, axes = _grid(len(panels), len(PHASES), sharey=True)
+    for axes_row, (label, members) in zip(axes, panels):
+        _profile_panels(profiles, members, style, axes_row, PHASES, "gradient norm (L2, log scale)")
+        for ax, phase in zip(axes_row, PHASES):
+            ax.set_title(f"{PHASE_TITLES[phase]}" + (f"\n{label}" if label else ""), fontsize=10)
+    _finish(fig, axes, "Per-layer gradient norm profile (mean across seeds)")
+    caption = ("Gradient norm of each layer at initialisation, mid-run and the end of training, mean across seeds; "
+               "a flat profile means every layer learns at a similar rate.")
+    return Plot(name, fig, _save(fig, out_dir, name, dpi), caption)
+
+
+@_styled
+def plot_residual_rms(act_profiles: pd.DataFrame, cells: pd.DataFrame, out_dir: Path, style: Style,
+                      dpi: int = 120, name: str = "residual_rms") -> Plot | None:
+    """RMS of the residual stream after each block at the end of training, one line per
+    variant; a panel per option setting."""
+    if act_profiles.empty:
+        return None
+    panels = _panels(cells, style)
+    fig, axes = _grid(1, len(panels), sharey=True)
+    for ax, (label, members) in zip(axes[0], panels):
+        _profile_panels(act_profiles, members, style, [ax], ["end"])
+        ax.set_title(label or "all cells", fontsize=10)
+    axes[0][0].set_ylabel("residual-stream RMS (model units, log scale)")
+    _finish(fig, axes, "Residual-stream RMS by depth at the end of training (mean across seeds)")
+    caption = ("RMS of the residual stream after each block at the last logged step; growth with depth shows "
+               "as a rising line.")
+    return Plot(name, fig, _save(fig, out_dir, name, dpi), caption)
+
+
+@_styled
+def plot_final_loss(metrics: pd.DataFrame, group_table: pd.DataFrame, out_dir: Path, style: Style,
+                    last_k: int = 10, dpi: int = 120, name: str = "final_loss") -> Plot | None:
+    """Final loss per group: mean with its bootstrap interval (a bar only where there is an
+    interval), each completed seed as a dot, each diverged seed as a red x at the right."""
+    if group_table.empty:
+        return None
+    groups = list(group_table["group"])
+    fig, ax = plt.subplots(figsize=(7.5, 0.9 + 0.45 * len(groups)))
+    completed = metrics[(metrics["status"] == "completed") & np.isfinite(metrics["final_loss"].astype(float))]
+    finite = completed["final_loss"].astype(float)
+    right = finite.max() if not finite.empty else 1.0
+    span = (finite.max() - finite.min()) if len(finite) > 1 else 0.1
+    diverged_x = right + 0.08 * span
+    for y, row in enumerate(group_table.itertuples()):
+        members = metrics[metrics["group"] == row.group]
+        colour = style.colour(members[style.hue].iloc[0])
+        seeds = completed[completed["group"] == row.group]["final_loss"].astype(float)
+        if not seeds.empty:
+            ax.scatter(seeds, np.full(len(seeds), y) + 0.18, s=14, facecolors="none", edgecolors=colour,
+                       label="one seed", zorder=2)
+            mean = row.final_loss_mean
+            has_ci = np.isfinite(row.final_loss_ci_low)
+            xerr = [[mean - row.final_loss_ci_low], [row.final_loss_ci_high - mean]] if has_ci else None
+            ax.errorbar([mean], [y], xerr=xerr, fmt="o", color=colour, capsize=4, ms=6, zorder=3,
+                        label="mean, 95% CI")
+            if not has_ci:
+                ax.annotate("no interval", (mean, y), xytext=(6, -3), textcoords="offset points", fontsize=7)
+        n_div = int(row.n_diverged)
+        if n_div:
+            ax.scatter(np.full(n_div, diverged_x), np.full(n_div, y) - 0.18, marker="x", s=40,
+                       color=DIVERGED_COLOUR, label="diverged", zorder=3)
+            ax.annotate(f"{n_div} diverged", (diverged_x, y), xytext=(6, -3), textcoords="offset points",
+                        fontsize=7, color=DIVERGED_COLOUR)
+    ax.set_yticks(range(len(groups)), groups, fontsize=8)
+    ax.invert_yaxis()  # first group (the baseline) on top
+    ax.set_xlabel(f"final training loss (nats, mean of the last {last_k} logged steps)")
+    ax.set_title("Final loss per variant: mean and 95% bootstrap CI across seeds", fontsize=11)
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    ax.legend(unique.values(), unique.keys(), fontsize=7, loc="best")
+    fig.tight_layout()
+    caption = (f"Final training loss (mean of the last {last_k} logged steps) per group: the mean with its 95% "
+               "bootstrap interval, each completed seed as a circle, each diverged seed as a red x.")
+    return Plot(name, fig, _save(fig, out_dir, name, dpi), caption)
+
+
+def close(plots) -> None:
+    for plot in plots:
+        if plot is not None:
+            plt.close(plot.figure)

@@ -1,0 +1,290 @@
+"""`report.md`, `summary.csv`, `cells.csv` and `plots/` for a grid folder or a run directory.
+
+    write_report(path, baseline=None, preamble_sections=()) -> Path of report.md
+
+A preamble section (placed right under the title, e.g. a verdict) is markdown text, a
+(title, body) pair, or a callable that receives the Analysis and returns markdown.
+Everything is computed (and bad input refused) before anything is written.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable, Iterable, Union
+
+import numpy as np
+import pandas as pd
+
+from analysis import plots
+from analysis.analyse import Analysis, Settings, analyse
+from analysis.metrics import MAD_TO_STD
+from analysis.stats import divergence_sentence, format_p
+
+REPORT, SUMMARY_CSV, CELLS_CSV, PLOTS_DIR = "report.md", "summary.csv", "cells.csv", "plots"
+LOSS_DIGITS = 4  # losses and their differences in the report table (summary.csv has full precision)
+OTHER_DIGITS = 2
+
+Section = Union[str, tuple, Callable[[Analysis], str]]
+
+
+def write_report(path: str | Path, baseline: str | None = None, preamble_sections: Iterable[Section] = (),
+                 settings: Settings = Settings(), dpi: int = 120, analysis: Analysis | None = None) -> Path:
+    """Analyse `path` (or use `analysis`, already computed for it) and write report.md,
+    summary.csv, cells.csv and plots/ into it. Returns the report's path."""
+    analysis = analysis or analyse(path, baseline, settings)
+    root = Path(path)
+    preamble = [_render_section(s, analysis) for s in preamble_sections]  # may fail: before writing
+
+    analysis.summary.to_csv(root / SUMMARY_CSV, index=False)
+    analysis.metrics.drop(columns=["path"], errors="ignore").to_csv(root / CELLS_CSV, index=False)
+    written = make_plots(analysis, root / PLOTS_DIR, dpi)
+    try:
+        text = render(analysis, preamble, written)
+    finally:
+        plots.close(written)
+    out = root / REPORT
+    out.write_text(text)
+    return out
+
+
+def make_plots(analysis: Analysis, out_dir: Path, dpi: int = 120) -> list[plots.Plot]:
+    """Every plot the runs have data for (per-layer ones need probes), with one Style."""
+    runs, metrics = analysis.runs, analysis.metrics
+    if metrics.empty:
+        return []
+    style = plots.make_style(metrics, runs.option_axes)
+    made = [
+        plots.plot_loss_curves(runs.steps, metrics, out_dir, style, dpi=dpi),
+        plots.plot_final_loss(metrics, analysis.summary, out_dir, style, analysis.settings.last_k, dpi=dpi),
+        plots.plot_grad_heatmaps(runs.steps, metrics, out_dir, style, dpi=dpi),
+        plots.plot_grad_profiles(analysis.grad_profiles, metrics, out_dir, style, dpi=dpi),
+        plots.plot_residual_rms(analysis.act_profiles, metrics, out_dir, style, dpi=dpi),
+    ]
+    return [p for p in made if p is not None]
+
+
+def _render_section(section: Section, analysis: Analysis) -> str:
+    if callable(section):
+        return section(analysis).strip()
+    if isinstance(section, tuple):
+        title, body = section
+        return f"## {title}\n\n{body.strip()}"
+    return str(section).strip()
+
+
+# ---------------------------------------------------------------- formatting
+
+def fmt(value, digits: int = LOSS_DIGITS, signed: bool = False) -> str:
+    """A number as the report shows it; '—' for a missing one (never an invented number).
+    Magnitudes of 10^4 and more (a gradient-norm ratio of a dying layer) switch to 3
+    significant digits: fixed decimals would print a dozen meaningless digits."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if abs(value) >= 1e4:
+        return f"{value:+.3g}" if signed else f"{value:.3g}"
+    return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
+
+
+def _interval(mean, low, high, note: str, signed: bool = False) -> str:
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return "—"
+    if low is None or (isinstance(low, float) and math.isnan(low)):
+        return f"{fmt(mean, signed=signed)} ({note})"
+    return f"{fmt(mean, signed=signed)} [{fmt(low, signed=signed)}, {fmt(high, signed=signed)}]"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    escape = lambda text: str(text).replace("|", "\\|")  # noqa: E731
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(escape(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+RESULT_COLUMNS = ["group", "completed", "final loss [95% CI]", "Δ vs baseline [95% CI]", "p (Welch)",
+                  "diverged", "spikes", "grad-norm max/min (end)", "residual RMS growth"]
+
+
+def results_rows(summary: pd.DataFrame) -> list[list[str]]:
+    """The results table, one row per group, from summary.csv's columns."""
+    rows = []
+    for r in summary.itertuples(index=False):
+        if r.baseline == r.group:
+            delta, p = "baseline", "—"
+        elif not r.baseline:
+            delta, p = "no baseline at these settings", "—"
+        else:
+            note = "no interval: one seed" if r.n_pairs == 1 else "no seeds in common" if r.n_pairs == 0 else "no interval"
+            delta = _interval(r.delta_vs_baseline, r.delta_ci_low, r.delta_ci_high, note, signed=True)
+            p = format_p(None if math.isnan(r.p_value) else r.p_value).replace("no p-value", "—")
+        rate = f"{r.divergence} ({r.divergence_rate:.0%})" if not math.isnan(r.divergence_rate) else r.divergence
+        rows.append([
+            f"`{r.group}`", f"{r.n_values} of {r.n_cells}",
+            _interval(r.final_loss_mean, r.final_loss_ci_low, r.final_loss_ci_high, r.interval),
+            delta, p, rate, fmt(getattr(r, "spikes", np.nan), OTHER_DIGITS),
+            fmt(getattr(r, "grad_ratio_end", np.nan), OTHER_DIGITS), fmt(getattr(r, "rms_growth", np.nan), OTHER_DIGITS),
+        ])
+    return rows
+
+
+# ---------------------------------------------------------------- the report
+
+def render(analysis: Analysis, preamble: list[str], written: list[plots.Plot]) -> str:
+    runs = analysis.runs
+    title = f"# Ablation report: {runs.name}" if runs.kind == "grid" else f"# Run report: {runs.name}"
+    parts = [title, *preamble, _what_was_run(analysis), _results(analysis), _comparisons(analysis),
+             _plots(written), _cells(analysis), _method(analysis)]
+    if runs.skipped:
+        parts.append("## Warnings\n\n" + "\n".join(f"- {line}" for line in runs.skipped))
+    return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def _values(cells: pd.DataFrame, column: str) -> list:
+    if column not in cells:
+        return []
+    return sorted({v for v in cells[column].tolist() if v is not None and not (isinstance(v, float) and math.isnan(v))},
+                  key=str)
+
+
+def _axis_values(cells: pd.DataFrame, column: str) -> list[str]:
+    # None is a real axis value here: `act` of a gated MLP, `norm_type` of norm=none.
+    present = cells[column].isna().any()
+    return [str(v) for v in _values(cells, column)] + (["none"] if present else [])
+
+
+def _what_was_run(analysis: Analysis) -> str:
+    runs, cells = analysis.runs, analysis.metrics
+    counts = cells["status"].value_counts().to_dict() if not cells.empty else {}
+    status = ", ".join(f"{counts[s]} {s}" for s in ("completed", "diverged", "failed", "running") if counts.get(s))
+    if runs.pending:
+        status += f"{', ' if status else ''}{len(runs.pending)} pending (not started)"
+    lines = [f"- folder: `{runs.root}`"]
+    if runs.grid:
+        lines.append(f"- grid: `{runs.grid.get('name')}` from `{runs.grid.get('source')}`"
+                     + (f", updated {runs.grid['updated']}" if runs.grid.get("updated") else ""))
+    lines.append(f"- cells: {len(cells) + len(runs.pending)} ({status or 'none started'})")
+    if cells.empty:
+        return "## What was run\n\n" + "\n".join(lines)
+    models = cells.drop_duplicates("model")
+    lines.append("- model: " + "; ".join(f"`{m.model}` ({m.n_layer} layers, d_model {m.d_model})"
+                                         for m in models.itertuples()))
+    params = cells.drop_duplicates("variant_id")[["variant_id", "params"]].dropna()
+    if not params.empty:
+        lines.append("- parameters: " + ", ".join(f"`{p.variant_id}` {int(p.params):,}" for p in params.itertuples()))
+    for label, column in [("steps", "planned_steps"), ("learning rate", "lr"), ("warmup steps", "warmup"),
+                          ("seeds", "seed"), ("kernels", "kernels"), ("device", "device")]:
+        values = _values(cells, column)
+        if values:
+            lines.append(f"- {label}: {', '.join(str(v) for v in values)}")
+    if runs.varying_axes:
+        lines.append("- varied: " + "; ".join(f"{a} = {', '.join(_axis_values(cells, a))}" for a in runs.varying_axes))
+    fingerprints = _values(cells, "data_fingerprint")
+    lines.append(f"- data fingerprint: {', '.join(f'`{f}`' for f in fingerprints) or 'not recorded'}")
+    commits = _values(cells, "git_commit")
+    lines.append(f"- harness commit: {', '.join(f'`{c}`' for c in commits) or 'not recorded (outside a git checkout)'}")
+    if analysis.baseline.name and len(analysis.groups) > 1:
+        lines.append(f"- baseline: {analysis.baseline.describe()}")
+    warnings = []
+    if len(fingerprints) > 1:
+        warnings.append(f"**The cells trained on {len(fingerprints)} different data sets** (fingerprints above): "
+                        "differences between them are not the variant alone.")
+    if len(commits) > 1:
+        warnings.append(f"The cells ran on {len(commits)} different harness commits.")
+    return "## What was run\n\n" + "\n".join(lines) + ("\n\n" + "\n\n".join(warnings) if warnings else "")
+
+
+def _results(analysis: Analysis) -> str:
+    summary = analysis.summary
+    if summary.empty:
+        return "## Results\n\nNo cell has started yet: nothing to report."
+    k = analysis.settings.last_k
+    text = ["## Results",
+            f"Final loss is the mean training loss of the last {k} logged steps (nats), averaged over completed "
+            f"seeds with a {analysis.settings.confidence:.0%} bootstrap interval; Δ is the group minus its baseline, "
+            "paired by seed (negative = lower loss than the baseline). Diverged seeds have no final loss and are "
+            "counted under *diverged*. The same numbers, unrounded, are in `summary.csv` (per cell: `cells.csv`).",
+            _table(RESULT_COLUMNS, results_rows(summary))]
+    running = int(summary["n_running"].sum())
+    failed = int(summary["n_failed"].sum())
+    if running:
+        text.append(f"{running} cell(s) are still running (or were interrupted): their curves are plotted, "
+                    "but they enter no statistic until they finish.")
+    if failed:
+        text.append(f"{failed} cell(s) failed with an error (see Cells): they enter no statistic.")
+    return "\n\n".join(text)
+
+
+def _comparisons(analysis: Analysis) -> str:
+    sentences = [c.sentence() for c in analysis.comparisons]
+    summary = analysis.summary
+    if not summary.empty:
+        by_group = summary.set_index("group", drop=False)
+        for row in summary.itertuples(index=False):
+            if not row.baseline and analysis.baseline.kind == "variant":
+                sentences.append(f"`{row.group}`: the baseline variant did not run at these settings, "
+                                 "so there is no comparison.")
+            base = by_group.loc[row.baseline] if row.baseline in by_group.index else None
+            sentence = divergence_sentence(by_group.loc[row.group], base)
+            if sentence:
+                sentences.append(sentence)
+    if not sentences:
+        return "## Comparisons\n\nOnly one group ran: there is nothing to compare it with."
+    return "## Comparisons\n\n" + "\n".join(f"- {s}" for s in sentences)
+
+
+def _plots(written: list[plots.Plot]) -> str:
+    if not written:
+        return ""
+    blocks = ["## Plots"]
+    for plot in written:
+        png, svg = plot.paths
+        blocks.append(f"![{plot.name}]({PLOTS_DIR}/{png.name})\n\n{plot.caption} "
+                      f"([SVG]({PLOTS_DIR}/{svg.name}))")
+    return "\n\n".join(blocks)
+
+
+def _cells(analysis: Analysis) -> str:
+    cells = analysis.metrics
+    if cells.empty:
+        return ""
+    rows = []
+    for c in cells.itertuples(index=False):
+        progress = f"{c.logged_steps}/{fmt(c.planned_steps, 0)}"
+        if c.status == "diverged":
+            note = f"diverged at step {fmt(c.diverged_at_step, 0)}"
+        elif c.status == "failed":
+            note = f"failed: {c.error}"
+        elif c.status == "running":
+            note = "running (no summary.json yet)"
+        else:
+            note = ""
+        rows.append([f"`{c.cell_id}`", c.status, progress, fmt(c.final_loss), fmt(c.final_val_loss),
+                     fmt(c.spikes, 0), fmt(c.max_grad_norm, OTHER_DIGITS), note])
+    text = "## Cells\n\n" + _table(["cell", "status", "steps logged / planned", "final loss", "final val loss",
+                                    "spikes", "max grad norm", "note"], rows)
+    if analysis.runs.pending:
+        text += "\n\nNot started yet: " + ", ".join(f"`{c}`" for c in analysis.runs.pending)
+    return text
+
+
+def _method(analysis: Analysis) -> str:
+    s = analysis.settings
+    return "\n".join([
+        "## Method",
+        "",
+        f"- **Final loss**: mean training loss of the last {s.last_k} logged steps; **final val loss**: the last "
+        "validation loss. A cell that diverged or failed has neither.",
+        f"- **Spike**: a logged step whose loss exceeds the median of the {s.spike_window} logged losses before it "
+        f"by more than {s.spike_z:g} robust standard deviations ({MAD_TO_STD} × median absolute deviation).",
+        "- **Grad-norm spread**: max/min ratio (and coefficient of variation, in summary.csv) of the per-layer "
+        "gradient norms at the last logged step where all are finite; init and mid-run values are in cells.csv.",
+        "- **Residual RMS growth**: RMS of the residual stream after the last block divided by that after block 0, "
+        "at the end of training.",
+        f"- **Intervals**: {s.confidence:.0%} percentile bootstrap of the mean over completed seeds "
+        f"(scipy.stats.bootstrap, {s.n_resamples} resamples, seed {s.seed}). With a handful of seeds a bootstrap "
+        "interval is approximate and tends to be narrow; with one seed there is none.",
+        "- **Comparisons**: paired by seed (the same seed gives the same initial weights and batches) over the seeds "
+        "that completed in both groups; the p-value is a two-sided Welch t-test on those seeds' final losses, "
+        "significant below 0.05. Welch's test ignores the pairing; because paired seeds share their batches, "
+        "a paired t-test is often more sensitive: its p-value is `p_value_paired` in summary.csv. "
+        "**Divergence rate**: diverged / (completed + diverged).",
+    ])

@@ -1,0 +1,178 @@
+"""`ablate report` and analysis.report: report.md, summary.csv and plots for a grid or a run."""
+import math
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+from synthetic_runs import write_grid, write_run
+
+from ablate.cli import main
+from analysis.analyse import analyse
+from analysis.report import LOSS_DIGITS, OTHER_DIGITS, RESULT_COLUMNS, write_report
+
+PRE, POST = "pre.layernorm.gelu.dense.res", "post.layernorm.gelu.dense.res"
+RMS, SANDWICH, SWIGLU = "pre.rmsnorm.gelu.dense.res", "sandwich.layernorm.gelu.dense.res", "pre.layernorm.swiglu.res"
+PLOTS = ["loss_curves", "final_loss", "grad_norm_heatmaps", "grad_norm_profiles", "residual_rms"]
+
+
+def flat(final, n=12):
+    """Losses whose mean over the last 10 steps is exactly `final`."""
+    return [final + 1.0, final + 0.5] + [final] * (n - 2)
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    """A grid still running: known final losses per variant and seed (see each line)."""
+    root = tmp_path_factory.mktemp("grid")
+    runs = []
+    for variant, finals in [(PRE, [3.00, 3.10, 3.05]),  # the baseline (default block)
+                            (POST, [3.20, 3.35, 3.15]),  # higher, p ~ 0.07: no significant difference
+                            (RMS, [2.50, 2.60, 2.54])]:  # lower, p < 0.001
+        runs += [write_run(root, variant, seed, flat(final)) for seed, final in enumerate(finals)]
+    runs += [write_run(root, SANDWICH, 0, flat(2.9)), write_run(root, SANDWICH, 1, flat(2.95)),
+             write_run(root, SANDWICH, 2, [3.0, 2.8, 7.0, float("inf")])]  # diverges at step 2
+    runs.append(write_run(root, SWIGLU, 0, flat(2.8)))  # one seed only
+    runs.append(write_run(root, PRE, 3, [4.0, 3.5, 3.2], status="running", truncate_last_line=True))
+    write_grid(root, runs, pending=[f"{SWIGLU}__seed=1"])
+    return root
+
+
+@pytest.fixture(scope="module")
+def reported(grid):
+    """`ablate report GRID` once; the tests below read what it wrote."""
+    with pytest.warns(UserWarning, match="metrics.jsonl"):
+        analysis = analyse(grid)
+    code = main(["report", str(grid)])
+    return code, analysis
+
+
+def parse_table(markdown: str, header: list[str]) -> list[list[str]]:
+    lines = markdown.splitlines()
+    start = lines.index("| " + " | ".join(header) + " |")
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip())[1:-1]])
+    return rows
+
+
+def test_report_on_a_running_grid_exits_0_and_writes_everything(grid, reported):
+    assert reported[0] == 0
+    text = (grid / "report.md").read_text()
+    assert text.startswith("# Ablation report: synthetic")
+    for section in ("## What was run", "## Results", "## Comparisons", "## Plots", "## Cells", "## Method"):
+        assert section in text
+    assert "- cells: 15 (12 completed, 1 diverged, 1 running, 1 pending (not started))" in text
+    assert "data fingerprint: `" + "f" * 64 + "`" in text and "harness commit: `" + "0" * 40 + "`" in text
+    assert f"baseline: variant `{PRE}`" in text
+    for name in PLOTS:
+        png = grid / "plots" / f"{name}.png"
+        assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n") and png.stat().st_size > 5_000
+        assert (grid / "plots" / f"{name}.svg").is_file()
+        assert f"](plots/{name}.png)" in text
+    assert "skipped unreadable last line of metrics.jsonl" in text  # the truncated running cell
+
+
+def test_the_report_table_matches_summary_csv(grid, reported):
+    summary = pd.read_csv(grid / "summary.csv")
+    rows = parse_table((grid / "report.md").read_text(), RESULT_COLUMNS)
+    assert [r[0].strip("`") for r in rows] == list(summary["group"])
+    assert list(summary["group"])[0] == PRE  # the baseline first
+    for row, (_, csv) in zip(rows, summary.iterrows()):
+        numbers = [float(x) for x in re.findall(r"[-+]?\d+\.\d+", row[2])]
+        expected = [csv["final_loss_mean"], csv["final_loss_ci_low"], csv["final_loss_ci_high"]]
+        assert numbers == [round(x, LOSS_DIGITS) for x in expected if not math.isnan(x)]
+        if csv["group"] != csv["baseline"]:
+            delta = [float(x) for x in re.findall(r"[-+]?\d+\.\d+", row[3])]
+            expected = [csv["delta_vs_baseline"], csv["delta_ci_low"], csv["delta_ci_high"]]
+            assert delta == [round(x, LOSS_DIGITS) for x in expected if not math.isnan(x)]
+        assert row[5].startswith(csv["divergence"])
+        assert row[6] == f"{csv['spikes']:.{OTHER_DIGITS}f}"
+        assert row[7] == f"{csv['grad_ratio_end']:.{OTHER_DIGITS}f}"
+
+
+def test_summary_csv_holds_the_hand_computed_numbers(grid, reported):
+    s = pd.read_csv(grid / "summary.csv").set_index("group")
+    assert s.loc[PRE, "final_loss_mean"] == pytest.approx(3.05)
+    assert s.loc[POST, "delta_vs_baseline"] == pytest.approx(np.mean([0.20, 0.25, 0.10]))
+    assert s.loc[RMS, "delta_vs_baseline"] == pytest.approx(np.mean([-0.50, -0.50, -0.51]))
+    assert s.loc[PRE, "n_running"] == 1 and s.loc[PRE, "n_completed"] == 3  # running: no statistic
+    assert (s.loc[SANDWICH, "n_diverged"], s.loc[SANDWICH, "divergence"]) == (1, "1/3")
+    assert s.loc[SANDWICH, "final_loss_mean"] == pytest.approx(2.925)
+    assert math.isnan(s.loc[SWIGLU, "final_loss_ci_low"]) and s.loc[SWIGLU, "interval"] == "no interval: only one seed"
+
+
+def test_one_seed_says_no_interval_and_comparisons_say_what_the_numbers_show(grid, reported):
+    text = (grid / "report.md").read_text()
+    swiglu = next(r for r in parse_table(text, RESULT_COLUMNS) if r[0] == f"`{SWIGLU}`")
+    assert swiglu[2] == "2.8000 (no interval: only one seed)"
+    assert swiglu[3] == "-0.2000 (no interval: one seed)" and swiglu[4] == "—"
+    comparisons = text.split("## Comparisons")[1].split("## Plots")[0]
+    assert f"No significant difference between `{POST}` and `{PRE}`" in comparisons
+    assert f"`{RMS}` has a lower final loss than `{PRE}` by 0.5033 nats" in comparisons
+    assert "only one seed, no interval" in comparisons
+    assert f"`{SANDWICH}` diverged in 1/3 seeds (baseline `{PRE}`: 0/3)." in comparisons
+    cells = text.split("## Cells")[1]
+    assert "| diverged |" in cells and "diverged at step 2" in cells and "running (no summary.json yet)" in cells
+
+
+def test_report_on_a_single_run_and_a_preamble_section(tmp_path, capsys):
+    # A crash cut the last metrics line: reported as a one-line warning, not a traceback.
+    run = write_run(tmp_path, seed=5, losses=flat(2.5, n=13), axes={}, truncate_last_line=True)
+    assert main(["report", str(run.path)]) == 0
+    out, err = capsys.readouterr()
+    assert str(run.path / "report.md") in out
+    assert err == f"ablate report: warning: {run.cell_id}: skipped unreadable last line of metrics.jsonl (cut by a crash?)\n"
+    text = (run.path / "report.md").read_text()
+    assert text.startswith(f"# Run report: {run.cell_id}")
+    assert "2.5000 (no interval: only one seed)" in text and (run.path / "summary.csv").is_file()
+
+    verdict = lambda a: f"## Verdict\n\n{len(a.groups)} group, baseline {a.baseline.name}."  # noqa: E731
+    with pytest.warns(UserWarning):
+        path = write_report(run.path, preamble_sections=[verdict, ("Note", "by hand")], dpi=40)
+    sections = re.findall(r"^## (.+)$", path.read_text(), flags=re.M)
+    assert sections[:3] == ["Verdict", "Note", "What was run"]
+    assert f"1 group, baseline {PRE}." in path.read_text()
+
+
+def test_baseline_can_be_chosen_by_group(grid):
+    with pytest.warns(UserWarning):
+        a = analyse(grid, baseline=POST)
+    assert a.baseline.kind == "group" and a.groups[0] == POST
+    assert a.comparison(PRE).mean_diff == pytest.approx(-np.mean([0.20, 0.25, 0.10]))
+    assert a.comparison(POST) is None  # the baseline is not compared with itself
+
+
+def test_a_variant_baseline_compares_like_with_like_at_each_option_setting(tmp_path):
+    # pre is better by 0.1 at lr=0.001 and worse by 0.2 at lr=0.01: pooling would hide both.
+    for seed in (0, 1):
+        for lr, pre, post in [(1e-3, 3.0, 3.1), (1e-2, 3.0, 2.8)]:
+            write_run(tmp_path, PRE, seed, flat(pre + 0.01 * seed), options={"lr": lr})
+            write_run(tmp_path, POST, seed, flat(post + 0.01 * seed), options={"lr": lr})
+    a = analyse(tmp_path)  # default: the default block's variant, matched by lr
+    assert a.baseline.kind == "variant" and a.baseline.name == PRE
+    assert a.groups == [f"{PRE}__lr=0.001", f"{POST}__lr=0.001", f"{PRE}__lr=0.01", f"{POST}__lr=0.01"]
+    assert a.comparison(f"{POST}__lr=0.001").baseline == f"{PRE}__lr=0.001"
+    assert a.comparison(f"{POST}__lr=0.001").mean_diff == pytest.approx(0.1)
+    assert a.comparison(f"{POST}__lr=0.01").mean_diff == pytest.approx(-0.2)
+    assert list(a.summary["baseline"]) == [f"{PRE}__lr=0.001"] * 2 + [f"{PRE}__lr=0.01"] * 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["{missing}"], "does not exist; valid: a grid folder or a run directory"),
+    (["{empty}"], "is not a run or grid folder"),
+    (["{grid}", "--baseline", "nope"], "unknown baseline 'nope'; valid: a group ("),
+    (["{grid}", "--last-k", "0"], "--last-k 0 must be at least 1"),
+])
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys, args, message):
+    (tmp_path / "empty").mkdir()
+    write_run(tmp_path / "grid", seed=0)
+    before = sorted(p for p in tmp_path.rglob("*"))
+    paths = {"missing": tmp_path / "missing", "empty": tmp_path / "empty", "grid": tmp_path / "grid"}
+    argv = ["report"] + [a.format(**paths) for a in args]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ablate report: error: ") and message in err and err.count("\n") == 1
+    assert sorted(p for p in tmp_path.rglob("*")) == before
