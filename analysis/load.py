@@ -186,6 +186,7 @@ def _read_cell(cell_dir: Path, skipped: list[str]) -> tuple[dict[str, Any], pd.D
         "error": summary.get("error"),
         "grid": config.get("grid"),
         "data_fingerprint": data.get("fingerprint"),
+        "unigram_entropy": data.get("unigram_entropy"),
         "kernels": config.get("kernels"),
         "device": config.get("device"),
         "git_commit": config.get("git_commit"),
