@@ -58,20 +58,21 @@ class GPT(nn.Module):
         self.norm_f = NORMS.get(spec.norm_type)(size.d_model, self.ops) if needs_final else None
         self.lm_head = nn.Linear(size.d_model, size.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied input/output embedding
-        # When set, forward() records the RMS of the residual stream after every block.
-        self.record_act_rms = False
-        self.act_rms: list[torch.Tensor] = []
+        # When set, forward() records the L2 norm of the residual stream after every block
+        # (one op per block; the probes divide by sqrt(elements) once to get the RMS).
+        self.record_act_norms = False
+        self.act_norms: list[torch.Tensor] = []
         self.reset_parameters()
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         T = idx.shape[1]
         assert T <= self.size.context, f"sequence length {T} exceeds context {self.size.context}"
         x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
-        self.act_rms = []
+        self.act_norms = []
         for block in self.blocks:
             x = block(x)
-            if self.record_act_rms:
-                self.act_rms.append(x.detach().float().square().mean().sqrt())
+            if self.record_act_norms:
+                self.act_norms.append(torch.linalg.vector_norm(x.detach(), dtype=torch.float32))
         if self.norm_f is not None:
             x = self.norm_f(x)
         logits = self.lm_head(x)

@@ -50,6 +50,7 @@ class Probes:
         self.block_params = [p for p, i in zip(self.params, index) if 0 < i < n_buckets - 1]
         self.block_layer = torch.tensor([(i - 1) // 3 for i in index if 0 < i < n_buckets - 1], device=device)
         self._before: list[torch.Tensor] | None = None
+        self._weight_sq: torch.Tensor | None = None
         self.names = self._names()
 
     def _names(self) -> list[str]:
@@ -73,22 +74,26 @@ class Probes:
 
     @torch.no_grad()
     def before_step(self) -> None:
+        """Remember the block weights (and their norms) before the optimizer moves them."""
         if self._before is None:
             self._before = [torch.empty_like(p) for p in self.block_params]
         torch._foreach_copy_(self._before, self.block_params)
+        self._weight_sq = torch.stack(torch._foreach_norm(self._before)).float().square()
 
     @torch.no_grad()
     def update_ratios(self) -> torch.Tensor:
         """|update| / |weights before the update|, per block."""
-        delta = torch._foreach_sub(self.block_params, self._before)
-        d2 = torch.stack(torch._foreach_norm(delta)).float().square()
-        w2 = torch.stack(torch._foreach_norm(self._before)).float().square()
+        torch._foreach_sub_(self._before, self.block_params)  # in place: the buffer now holds -update
+        d2 = torch.stack(torch._foreach_norm(self._before)).float().square()
         zeros = torch.zeros(self.n_layer, device=d2.device)
-        return zeros.index_add(0, self.block_layer, d2).sqrt() / zeros.index_add(0, self.block_layer, w2).sqrt()
+        return (zeros.index_add(0, self.block_layer, d2) / zeros.index_add(0, self.block_layer, self._weight_sq)).sqrt()
 
-    def collect(self, loss: torch.Tensor, grad_norms: torch.Tensor, act_rms: list[torch.Tensor]) -> tuple[float, dict]:
-        """One device-to-host copy for everything logged this step."""
-        parts = [loss.detach().float().view(1), grad_norms, torch.stack(act_rms).float(), self.update_ratios()]
+    def collect(self, loss: torch.Tensor, grad_norms: torch.Tensor, act_norms: list[torch.Tensor],
+                stream_elements: int) -> tuple[float, dict]:
+        """One device-to-host copy for everything logged this step. `act_norms` are the L2
+        norms of the residual stream after each block; over `stream_elements` they are RMS."""
+        act_rms = torch.stack(act_norms).float() * stream_elements**-0.5
+        parts = [loss.detach().float().view(1), grad_norms, act_rms, self.update_ratios()]
         values = torch.cat(parts).tolist()
         metrics = {name: _finite(v) for name, v in zip(self.names, values[1:])}
         return values[0], metrics

