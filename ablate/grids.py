@@ -1,0 +1,434 @@
+"""Grid files: TOML that expands into the cells of an ablation (see shared/design.md).
+
+    name = "prenorm-wins"             # defaults to the file's stem
+    description = "one line for `ablate grid --list`"
+    [base]                            # any option of `ablate train` (ablate/config.py), and variant axes
+    model = "tiny"
+    [axes]                            # lists, crossed with each other
+    norm = ["pre", "post"]
+    seed = [0, 1, 2]
+    [[include]]                       # extra cells: base + this entry (list values are crossed
+    norm = "sandwich"                 #   within the entry; [axes] and [[exclude]] do not apply)
+    seed = [0, 1, 2]
+    [[exclude]]                       # drop every crossed cell that matches all the given keys
+    norm = "post"
+    [scales.gpu]                      # `--scale gpu`: base merged (its keys leave [axes]), axes
+    base = { model = "medium" }       #   merged key by key, include/exclude replaced when given
+    axes = { seed = [0, 1, 2, 3, 4] }
+
+The default scale is `cpu`: the top level of the file (plus a [scales.cpu] table if present).
+Cells that resolve to the same training config and the same variant spec run once (an `act`
+crossed with a gated MLP, whose gate fixes its own activation, is the common case). A crossing
+that the variant rules refuse (e.g. `deepnorm` without residual) is dropped and reported.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping
+
+from ablate.cell import Cell
+from ablate.config import OPTION_NAMES, TrainConfig, _coerce, resolve
+from ablate.errors import ConfigError
+from variants import AXES, VariantError, parse_variant
+
+TOP_KEYS = ("name", "description", "base", "axes", "include", "exclude", "scales")
+SCALE_KEYS = ("description", "base", "axes", "include", "exclude")
+DEFAULT_SCALE = "cpu"
+# Options that never make two cells different runs (the scheduler sets `threads` per worker).
+NOT_IDENTITY = ("threads",)
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+
+
+@dataclass
+class Grid:
+    """A grid file expanded at one scale: its cells, ready to run."""
+
+    name: str
+    source: str  # the file it came from
+    description: str
+    scale: str
+    scales: list[str]  # every scale the file offers
+    base: dict[str, Any]  # [base] after the scale and --set overrides
+    axes: dict[str, list]  # crossed axes after the scale
+    include: list[dict]
+    exclude: list[dict]
+    overrides: dict[str, Any]  # --set / --kernels, applied to every cell
+    cells: list[Cell] = field(default_factory=list)
+    combinations: int = 0  # cells before duplicates collapsed
+    duplicates: list[tuple[str, str]] = field(default_factory=list)  # (dropped options, kept id)
+    refused: list[str] = field(default_factory=list)  # one line per dropped contradictory crossing
+    id_keys: tuple[str, ...] = ()
+    configs: dict[str, TrainConfig] = field(default_factory=dict)  # cell id -> resolved config
+
+    @property
+    def total_steps(self) -> int:
+        return sum(self.configs[c.id].steps for c in self.cells)
+
+    def record(self) -> dict[str, Any]:
+        """What grid.json says about the grid itself (the statuses are added on writing)."""
+        return {
+            "name": self.name, "source": self.source, "scale": self.scale, "description": self.description,
+            "base": self.base, "axes": self.axes, "include": self.include, "exclude": self.exclude,
+            "overrides": self.overrides, "id_keys": list(self.id_keys),
+            "cells": [{"id": c.id, "group": c.group, "options": c.options} for c in self.cells],
+        }
+
+
+# --------------------------------------------------------------------------------- finding
+
+
+def shipped_dir() -> Path:
+    return Path(str(resources.files("variants") / "grids"))
+
+
+def shipped_grids() -> dict[str, Path]:
+    """Shipped grid name -> file, sorted by name."""
+    return {p.stem: p for p in sorted(shipped_dir().glob("*.toml"))}
+
+
+def find_grid(grid: str) -> Path:
+    """A TOML path, or the name of a shipped grid."""
+    path = Path(grid)
+    if path.suffix == ".toml" or path.exists() or "/" in grid:
+        if not path.is_file():
+            raise ConfigError(f"grid file {grid!r} does not exist; valid: a TOML file or a shipped grid "
+                              f"({', '.join(shipped_grids())})")
+        return path
+    shipped = shipped_grids()
+    if grid not in shipped:
+        raise ConfigError(f"unknown grid {grid!r}; valid: a TOML file or a shipped grid ({', '.join(shipped)})")
+    return shipped[grid]
+
+
+# --------------------------------------------------------------------------------- parsing
+
+
+def _fail(source: str, where: str, message: str) -> ConfigError:
+    message = " ".join(str(message).split())  # always one line
+    return ConfigError(f"{source}: {where}: {message}" if where else f"{source}: {message}")
+
+
+def _check_key(source: str, where: str, key: str) -> None:
+    if key not in OPTION_NAMES:
+        raise _fail(source, where, f"unknown key {key!r}; valid: {', '.join(OPTION_NAMES)}")
+
+
+def _scalar(source: str, where: str, key: str, value: Any) -> Any:
+    """Coerce one value to its option's type, naming file, table and key when it is wrong."""
+    if isinstance(value, (dict, list)) or not isinstance(value, (str, int, float, bool)):
+        raise _fail(source, where, f"{key} = {value!r} is not a single value; valid: a string, number or boolean")
+    try:
+        return _coerce(key, value)
+    except ConfigError as e:
+        raise _fail(source, where, str(e)) from None
+
+
+def _table(source: str, where: str, value: Any) -> dict:
+    if not isinstance(value, dict):
+        raise _fail(source, where, f"must be a table of key = value, not {type(value).__name__}")
+    return value
+
+
+def _options(source: str, where: str, table: Any) -> dict[str, Any]:
+    table = _table(source, where, table)
+    out = {}
+    for key, value in table.items():
+        _check_key(source, where, key)
+        out[key] = _scalar(source, where, key, value)
+    return out
+
+
+def _axes(source: str, where: str, table: Any) -> dict[str, list]:
+    table = _table(source, where, table)
+    out = {}
+    for key, values in table.items():
+        _check_key(source, where, key)
+        if not isinstance(values, list):
+            raise _fail(source, where, f"{key} must be a list of values, e.g. {key} = [{values!r}]")
+        if not values:
+            raise _fail(source, where, f"{key} = [] leaves the grid empty; valid: a list of one or more values")
+        out[key] = [_scalar(source, where, key, v) for v in values]
+    return out
+
+
+def _entries(source: str, where: str, value: Any, lists: bool) -> list[dict]:
+    """[[include]] or [[exclude]]: a list of tables; include values may be lists (crossed)."""
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, list):
+        raise _fail(source, where, f"must be a list of tables ([[{where.strip('[]')}]]), not {type(value).__name__}")
+    out = []
+    for i, entry in enumerate(value):
+        at = f"{where}[{i}]"
+        entry = _table(source, at, entry)
+        if not entry:
+            raise _fail(source, at, f"is empty; valid keys: {', '.join(OPTION_NAMES)}")
+        parsed = {}
+        for key, v in entry.items():
+            _check_key(source, at, key)
+            if lists and isinstance(v, list):
+                if not v:
+                    raise _fail(source, at, f"{key} = [] is empty; valid: a value or a list of one or more")
+                parsed[key] = [_scalar(source, at, key, x) for x in v]
+            else:
+                parsed[key] = _scalar(source, at, key, v)
+        out.append(parsed)
+    return out
+
+
+def read_grid_file(path: Path) -> dict[str, Any]:
+    source = str(path)
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except OSError as e:
+        raise ConfigError(f"{source}: cannot read: {e.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise _fail(source, "", f"not valid TOML: {e}") from None
+    for key in data:
+        if key not in TOP_KEYS:
+            raise _fail(source, "", f"unknown key {key!r}; valid: {', '.join(TOP_KEYS)}")
+    name = data.get("name", Path(path).stem)
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise _fail(source, "name", f"{name!r} is not a valid grid name; valid: letters, digits and . _ + - (it names a folder)")
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise _fail(source, "description", "must be a string")
+    scales = _table(source, "[scales]", data.get("scales", {}))
+    for scale, table in scales.items():
+        table = _table(source, f"[scales.{scale}]", table)
+        for key in table:
+            if key not in SCALE_KEYS:
+                raise _fail(source, f"[scales.{scale}]", f"unknown key {key!r}; valid: {', '.join(SCALE_KEYS)}")
+    return {"source": source, "name": name, "description": description, "scales": scales, **data}
+
+
+# --------------------------------------------------------------------------------- expanding
+
+
+def _effective(cfg: TrainConfig, key: str) -> Any:
+    """The value that decides what a cell trains (a gated MLP's `act` is None, `layers`
+    is the depth the model really has, and so on)."""
+    if key in AXES:
+        return cfg.spec.axes()[key]
+    if key == "variant":
+        return cfg.spec.id
+    if key == "layers":
+        return cfg.size.n_layer
+    if key == "seq_len":
+        return cfg.context
+    return getattr(cfg, key)
+
+
+def _identity(cfg: TrainConfig) -> tuple:
+    spec = cfg.spec
+    opts = tuple((k, _effective(cfg, k)) for k in OPTION_NAMES if k not in AXES and k not in ("variant",) + NOT_IDENTITY)
+    return (spec,) + opts
+
+
+def _matches(cfg: TrainConfig, entry: Mapping[str, Any]) -> bool:
+    for key, value in entry.items():
+        if key == "variant":
+            try:
+                if parse_variant(str(value)) != cfg.spec:
+                    return False
+            except VariantError:
+                return False
+        elif key in ("layers", "seq_len"):
+            if value is not None and _effective(cfg, key) != value:
+                return False
+        elif _effective(cfg, key) != value:
+            return False
+    return True
+
+
+def _cross(table: Mapping[str, Any]) -> list[dict]:
+    """Every combination of the list-valued entries of `table` (scalars held fixed)."""
+    keys = list(table)
+    lists = [table[k] if isinstance(table[k], list) else [table[k]] for k in keys]
+    return [dict(zip(keys, combo)) for combo in itertools.product(*lists)]
+
+
+def _apply_scale(raw: dict, scale: str) -> dict:
+    source = raw["source"]
+    valid = sorted({DEFAULT_SCALE, *raw["scales"]})
+    if scale not in valid:
+        raise _fail(source, "scale", f"unknown scale {scale!r}; valid: {', '.join(valid)}")
+    base = _options(source, "[base]", raw.get("base", {}))
+    axes = _axes(source, "[axes]", raw.get("axes", {}))
+    include = _entries(source, "[[include]]", raw.get("include", []), lists=True)
+    exclude = _entries(source, "[[exclude]]", raw.get("exclude", []), lists=False)
+    description = raw["description"]
+    for name, other in raw["scales"].items():  # every scale is checked, not only the one asked for
+        where = f"[scales.{name}]"
+        _options(source, f"{where}.base", other.get("base", {}))
+        _axes(source, f"{where}.axes", other.get("axes", {}))
+        _entries(source, f"{where}.include", other.get("include", []), lists=True)
+        _entries(source, f"{where}.exclude", other.get("exclude", []), lists=False)
+    table = raw["scales"].get(scale)
+    if table:
+        where = f"[scales.{scale}]"
+        s_base = _options(source, f"{where}.base", table.get("base", {}))
+        s_axes = _axes(source, f"{where}.axes", table.get("axes", {}))
+        base.update(s_base)
+        axes = {k: v for k, v in axes.items() if k not in s_base}  # a fixed value leaves the axes
+        axes.update(s_axes)
+        if "include" in table:
+            include = _entries(source, f"{where}.include", table["include"], lists=True)
+        if "exclude" in table:
+            exclude = _entries(source, f"{where}.exclude", table["exclude"], lists=False)
+        if "description" in table:
+            description = str(table["description"])
+    return {"base": base, "axes": axes, "include": include, "exclude": exclude, "description": description}
+
+
+def parse_overrides(items: list[str] | Mapping[str, Any]) -> dict[str, Any]:
+    """`--set key=value` items into typed options."""
+    pairs = items.items() if isinstance(items, Mapping) else []
+    if not isinstance(items, Mapping):
+        pairs = []
+        for item in items:
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise ConfigError(f"--set {item!r} is not KEY=VALUE; valid keys: {', '.join(OPTION_NAMES)}")
+            pairs.append((key.strip(), value.strip()))
+    out = {}
+    for key, value in pairs:
+        if key not in OPTION_NAMES:
+            raise ConfigError(f"--set: unknown key {key!r}; valid: {', '.join(OPTION_NAMES)}")
+        try:
+            out[key] = _coerce(key, value)
+        except ConfigError as e:
+            raise ConfigError(f"--set: {e}") from None
+    return out
+
+
+def load_grid(grid: str | Path, scale: str = DEFAULT_SCALE, overrides: Mapping[str, Any] | None = None) -> Grid:
+    """Read, validate and expand a grid file (or shipped grid name) at `scale`. `overrides`
+    (already typed, see parse_overrides) replace the value of their keys in every cell."""
+    path = find_grid(str(grid)) if not isinstance(grid, Path) else grid
+    raw = read_grid_file(path)
+    source = raw["source"]
+    parts = _apply_scale(raw, scale)
+    base, axes, include, exclude = parts["base"], parts["axes"], parts["include"], parts["exclude"]
+    overrides = dict(overrides or {})
+
+    # Each table's values alone must make a valid config, so an error names its table and key.
+    try:
+        resolve(base)
+    except ConfigError as e:
+        raise _fail(source, "[base]", str(e)) from None
+    for key, values in axes.items():
+        for value in values:
+            try:
+                resolve({**base, key: value})
+            except ConfigError as e:
+                raise _fail(source, "[axes]", str(e)) from None
+    for i, entry in enumerate(include):
+        for combo in _cross(entry):
+            try:
+                resolve({**base, **combo})
+            except ConfigError as e:
+                raise _fail(source, f"[[include]][{i}]", str(e)) from None
+    for i, entry in enumerate(exclude):
+        for key, value in entry.items():
+            try:
+                resolve({**base, key: value})
+            except ConfigError as e:
+                raise _fail(source, f"[[exclude]][{i}]", str(e)) from None
+    try:
+        resolve({**base, **overrides})
+    except ConfigError as e:
+        raise ConfigError(f"--set: {' '.join(str(e).split())}") from None
+
+    # Cross the axes, drop excluded and contradictory crossings, add the includes.
+    candidates: list[dict] = []
+    refused: list[str] = []
+    keys = list(axes)
+    for combo in itertools.product(*(axes[k] for k in keys)):
+        options = {**base, **dict(zip(keys, combo))}
+        try:
+            cfg = resolve(options)
+        except ConfigError as e:
+            refused.append(f"{_describe(dict(zip(keys, combo)))}: {' '.join(str(e).split())}")
+            continue
+        if any(_matches(cfg, entry) for entry in exclude):
+            continue
+        candidates.append(options)
+    for i, entry in enumerate(include):
+        candidates.extend({**base, **combo} for combo in _cross(entry))
+    combinations = len(candidates)
+
+    # Apply --set, resolve, and collapse cells that train the same thing.
+    kept: list[tuple[dict, TrainConfig]] = []
+    seen: dict[tuple, int] = {}
+    duplicates: list[tuple[str, str]] = []
+    for options in candidates:
+        options = {**options, **overrides}
+        try:
+            cfg = resolve(options)
+        except ConfigError as e:  # an override contradicting a crossing
+            refused.append(f"{_describe(_diff(options, base))}: {' '.join(str(e).split())}")
+            continue
+        described = _describe(_diff(options, base))
+        # Record the axes as they resolve: a gated MLP's `act` is None, not the crossed value.
+        spec_axes = cfg.spec.axes()
+        if any(key in options and options[key] != spec_axes[key] for key in AXES):
+            for key in AXES:
+                if key in options:
+                    options[key] = spec_axes[key]
+            cfg = resolve(options)
+        ident = _identity(cfg)
+        if ident in seen:
+            duplicates.append((described, str(seen[ident])))
+            continue
+        seen[ident] = len(kept)
+        kept.append((options, cfg))
+    if not kept:
+        why = f" ({len(refused)} crossings refused, e.g. {refused[0]})" if refused else (
+            " (every crossing is excluded)" if exclude and not include else "")
+        raise _fail(source, "", f"the grid has no cells{why}; valid: [axes] lists of values, [[exclude]] that leave some cells")
+
+    # What varies across the cells names them: the variant id, those options, the seed.
+    varying_options = tuple(
+        k for k in OPTION_NAMES
+        if k not in AXES and k not in ("variant", "seed") + NOT_IDENTITY
+        and len({getattr(cfg, k) for _, cfg in kept}) > 1  # as given: a model axis alone does not name `layers`
+    )
+    varying_axes = tuple(k for k in AXES if len({cfg.spec.axes()[k] for _, cfg in kept}) > 1)
+    cells: list[Cell] = []
+    configs: dict[str, TrainConfig] = {}
+    ids: dict[str, int] = {}
+    for i, (options, cfg) in enumerate(kept):
+        cell_axes = {k: cfg.spec.axes()[k] for k in varying_axes}
+        cell_axes.update({k: _effective(cfg, k) for k in varying_options})
+        cell_axes["seed"] = cfg.seed
+        cell = Cell.from_options(options, id_keys=varying_options, axes=cell_axes, grid=raw["name"])
+        if "/" in cell.id or cell.id.startswith("."):
+            raise _fail(source, "", f"cell id {cell.id!r} is not a folder name (an option that varies has a "
+                                    "'/' in its value); valid: vary options whose values have no '/'")
+        if cell.id in ids:  # cannot happen: every difference is in the id
+            raise _fail(source, "", f"two different cells share the id {cell.id!r}")
+        ids[cell.id] = i
+        cells.append(cell)
+        configs[cell.id] = cfg
+    duplicates = [(d, cells[int(k)].id) for d, k in duplicates]
+
+    return Grid(
+        name=raw["name"], source=source, description=parts["description"], scale=scale,
+        scales=sorted({DEFAULT_SCALE, *raw["scales"]}), base={**base, **overrides}, axes=axes,
+        include=include, exclude=exclude, overrides=overrides, cells=cells, combinations=combinations,
+        duplicates=duplicates, refused=refused, id_keys=varying_options, configs=configs,
+    )
+
+
+def _describe(options: Mapping[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in options.items()) or "base"
+
+
+def _diff(options: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in options.items() if k not in base or base[k] != v}

@@ -1,0 +1,413 @@
+"""`ablate grid`, without real training: grid files, expansion, errors, listing, scheduling
+(worker processes with a fake trainer behind the real run_cell), grid.json."""
+import json
+import os
+import re
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from ablate import scheduler
+from ablate.cell import run_cell
+from ablate.cli import build_parser, main
+from ablate.commands.grid import execute
+from ablate.errors import ConfigError
+from ablate.grids import load_grid, shipped_grids
+from ablate.rundir import CellLock, write_json_atomic
+
+# --------------------------------------------------------------------------- helpers
+
+
+def write_grid(tmp_path, text, name="g.toml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def _fake_train(cell, run_dir, quiet=True):
+    """A trainer stand-in: records who ran it, fails or dies on marker option values."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "attempts", "a") as f:
+        f.write(json.dumps({"pid": os.getpid(), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                            "threads": cell.options.get("threads")}) + "\n")
+    if cell.options.get("min_lr_ratio") == 0.123:
+        raise RuntimeError("injected failure")
+    if cell.options.get("beta1") == 0.123:
+        os._exit(3)  # the worker process dies mid-cell
+    time.sleep(float(cell.options.get("weight_decay", 0.1)))  # weight_decay doubles as seconds of "training"
+    summary = {"status": "completed", "final_loss": 1.0 + cell.options.get("seed", 0), "final_val_loss": 1.5,
+               "diverged_at_step": None, "steps": 1, "wall_time_s": 0.0, "error": None}
+    write_json_atomic(run_dir / "summary.json", summary)
+    return summary
+
+
+def fake_cell(cell, out_root, retries=0, quiet=True):
+    """The real run_cell (skip, lock, retry, failed summary) around the fake trainer.
+    Importable by name, so spawned workers can run it."""
+    import ablate.train
+
+    real = ablate.train.train
+    ablate.train.train = _fake_train
+    try:
+        return run_cell(cell, out_root, retries, quiet)
+    finally:
+        ablate.train.train = real
+
+
+def attempts(run_dir):
+    path = Path(run_dir) / "attempts"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def grid_args(*argv):
+    return build_parser().parse_args(["grid", *map(str, argv)])
+
+
+SMALL = """
+    name = "small"
+    [base]
+    weight_decay = 0.0
+    [axes]
+    norm = ["pre", "post"]
+    seed = [0, 1, 2]
+"""
+
+# --------------------------------------------------------------------------- grid files
+
+
+def test_shipped_grids_have_the_documented_sizes():
+    assert set(shipped_grids()) == {"mission", "prenorm-wins", "glu", "residual"}
+    mission = load_grid("mission")
+    assert (len(mission.cells), mission.combinations, len(mission.duplicates)) == (36, 48, 12)
+    assert len({c.group for c in mission.cells}) == 12  # 16 combinations, 12 distinct blocks
+    glu = load_grid("glu")
+    assert (len(glu.cells), len({c.group for c in glu.cells})) == (15, 5)
+    residual = load_grid("residual")
+    assert len(residual.cells) == 18 and residual.id_keys == ("layers",)
+    for name in shipped_grids():
+        cpu, gpu = load_grid(name), load_grid(name, "gpu")
+        assert cpu.total_steps <= 7_200  # minutes on 2 cores
+        assert gpu.total_steps > cpu.total_steps
+
+
+def test_prenorm_wins_grid_is_the_issue_6_experiment():
+    grid = load_grid("prenorm-wins")
+    assert len(grid.cells) == 24 and grid.total_steps == 7_200
+    seen = set()
+    for cell in grid.cells:
+        cfg = grid.configs[cell.id]
+        spec = cfg.spec
+        assert (spec.norm_type, spec.act, spec.mlp, spec.residual) == ("layernorm", "gelu", "dense", True)
+        assert (cfg.size.n_layer, cfg.size.d_model, cfg.context, cfg.batch_size) == (12, 64, 64, 16)
+        assert (cfg.steps, cfg.grad_clip, cfg.schedule) == (300, 0.0, "constant")
+        seen.add((spec.norm, cfg.warmup, cfg.lr, cfg.seed))
+        assert cell.id == f"{spec.id}__lr={cfg.lr:g}__warmup={cfg.warmup}__seed={cfg.seed}"
+        assert cell.axes == {"norm": spec.norm, "lr": cfg.lr, "warmup": cfg.warmup, "seed": cfg.seed}
+    assert {s[0] for s in seen} == {"pre", "post"} and {s[1] for s in seen} == {0, 100}
+    assert {s[2] for s in seen} == {3e-3, 3e-4} and {s[3] for s in seen} == {0, 1, 2}
+    gpu = load_grid("prenorm-wins", "gpu")
+    assert len(gpu.cells) == 120
+    assert {gpu.configs[c.id].size.n_layer for c in gpu.cells} == {6, 12, 24}
+    assert {gpu.configs[c.id].seed for c in gpu.cells} == {0, 1, 2, 3, 4}
+    assert {gpu.configs[c.id].model for c in gpu.cells} == {"medium"}
+
+
+def test_act_crossed_with_a_gated_mlp_collapses(tmp_path):
+    path = write_grid(tmp_path, """
+        [axes]
+        act = ["gelu", "relu"]
+        mlp = ["dense", "swiglu"]
+    """)
+    grid = load_grid(path)
+    assert grid.name == "g" and grid.combinations == 4
+    assert [c.id for c in grid.cells] == ["pre.layernorm.gelu.dense.res__seed=0", "pre.layernorm.swiglu.res__seed=0",
+                                          "pre.layernorm.relu.dense.res__seed=0"]
+    assert grid.duplicates == [("act=relu,mlp=swiglu", "pre.layernorm.swiglu.res__seed=0")]
+    swiglu = grid.cells[1]
+    assert swiglu.options["act"] is None and swiglu.axes == {"act": None, "mlp": "swiglu", "seed": 0}
+
+
+def test_same_config_spelled_two_ways_runs_once(tmp_path):
+    path = write_grid(tmp_path, """
+        [base]
+        steps = 7
+        [axes]
+        variant = ["post-ln", "norm=post", "gpt2"]
+        lr = [0.001, 1e-3]
+    """)
+    grid = load_grid(path)
+    assert [c.id for c in grid.cells] == ["post.layernorm.gelu.dense.res__seed=0", "pre.layernorm.gelu.dense.res__seed=0"]
+    assert grid.total_steps == 14
+
+
+def test_include_exclude_scales_and_set(tmp_path):
+    path = write_grid(tmp_path, """
+        name = "mix"
+        [base]
+        steps = 10
+        [axes]
+        norm = ["pre", "post"]
+        warmup = [0, 5]
+        [[exclude]]
+        norm = "post"
+        warmup = 5
+        [[include]]
+        norm = "sandwich"
+        seed = [0, 1]
+        [scales.gpu]
+        base = { warmup = 0, model = "small" }
+        axes = { seed = [0, 1, 2] }
+    """)
+    grid = load_grid(path)
+    ids = [c.id for c in grid.cells]
+    assert "post.layernorm.gelu.dense.res__warmup=5__seed=0" not in ids
+    assert "sandwich.layernorm.gelu.dense.res__warmup=0__seed=1" in ids
+    assert len(ids) == 5 and grid.id_keys == ("warmup",)
+    gpu = load_grid(path, "gpu")  # warmup fixed by the scale's base, so it leaves the axes
+    assert gpu.axes == {"norm": ["pre", "post"], "seed": [0, 1, 2]}
+    assert {gpu.configs[c.id].model for c in gpu.cells} == {"small"} and len(gpu.cells) == 6 + 2
+    smoke = load_grid(path, overrides={"steps": 3, "warmup": 0})  # --set collapses the warmup axis
+    assert smoke.total_steps == 3 * len(smoke.cells) and smoke.id_keys == ()
+    assert len(smoke.cells) == 4
+
+
+def test_contradictory_crossings_are_dropped_and_reported(tmp_path):
+    path = write_grid(tmp_path, """
+        [axes]
+        norm = ["pre", "deepnorm"]
+        residual = [true, false]
+    """)
+    grid = load_grid(path)
+    assert len(grid.cells) == 3
+    assert len(grid.refused) == 1 and "deepnorm" in grid.refused[0] and "residual" in grid.refused[0]
+
+
+def test_threads_is_recorded_but_never_changes_the_id(tmp_path):
+    path = write_grid(tmp_path, "[axes]\nseed = [0, 1]\n")
+    plain = load_grid(path)
+    threaded = load_grid(path, overrides={"threads": 3})
+    assert [c.id for c in plain.cells] == [c.id for c in threaded.cells]
+    cell = scheduler.with_threads(plain.cells[0], 2)
+    assert cell.id == plain.cells[0].id and cell.options["threads"] == 2
+
+
+BAD_GRIDS = [
+    ("[base]\nlearning_rate = 0.001\n", ["[base]", "'learning_rate'", "valid:", "lr", "warmup"]),
+    ("[axes]\nnorm = ['pre', 'middle']\n", ["[axes]", "'middle'", "valid:", "post", "sandwich"]),
+    ("[axes]\nlr = ['fast']\n", ["[axes]", "lr", "'fast'", "float"]),
+    ("[axes]\nsteps = [1.5]\n", ["[axes]", "steps", "int"]),
+    ("[axes]\nseed = 3\n", ["[axes]", "seed must be a list"]),
+    ("[axes]\nseed = []\n", ["[axes]", "seed = []", "valid:"]),
+    ("[axes]\nmodel = ['huge']\n", ["[axes]", "'huge'", "valid:", "tiny", "andrea-120m"]),
+    ("[axes\nnorm = \n", ["not valid TOML"]),
+    ("grid = 'x'\n", ["unknown key 'grid'", "valid:", "base", "axes", "include"]),
+    ("[axes]\nnorm = ['pre']\n[[exclude]]\nnorm = 'pre'\n", ["no cells", "valid:"]),
+    ("[[exclude]]\nact = 'tanh'\n", ["[[exclude]][0]", "'tanh'", "valid:", "relu"]),
+    ("[[include]]\nnorm = 'pre'\nbogus = 1\n", ["[[include]][0]", "'bogus'", "valid:"]),
+    ("[scales.gpu]\nbase = { stepz = 5 }\n", ["[scales.gpu].base", "'stepz'", "valid:"]),
+    ("[scales.gpu]\nmodel = 'medium'\n", ["[scales.gpu]", "'model'", "valid:", "base", "axes"]),
+]
+
+
+@pytest.mark.parametrize("text,fragments", BAD_GRIDS, ids=[f"bad{i}" for i in range(len(BAD_GRIDS))])
+def test_malformed_grid_files_exit_2_naming_file_key_and_choices(tmp_path, capsys, text, fragments):
+    path = write_grid(tmp_path, text, "bad.toml")
+    out = tmp_path / "out"
+    assert main(["grid", str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert str(path) in err
+    for fragment in fragments:
+        assert fragment in err, (fragment, err)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["nope"], "unknown grid 'nope'; valid: a TOML file or a shipped grid (glu, mission, prenorm-wins, residual)"),
+    (["missing.toml"], "does not exist"),
+    (["mission", "--scale", "tpu"], "unknown scale 'tpu'; valid: cpu, gpu"),
+    (["mission", "--set", "stepz=3"], "unknown key 'stepz'; valid:"),
+    (["mission", "--set", "steps"], "not KEY=VALUE"),
+    (["mission", "--set", "steps=-1"], "steps -1 must be at least 1"),
+    (["mission", "--kernels", "fast"], "unknown kernels 'fast'; valid: reference"),
+    (["mission", "--workers", "-1"], "--workers -1 must be 0 or more"),
+    (["mission", "--backend", "ray", "--workers", "2"], "--workers is for --backend local"),
+    ([], "missing GRID"),
+])
+def test_bad_command_lines_exit_2_and_write_nothing(tmp_path, capsys, argv, fragment):
+    out = tmp_path / "out"
+    assert main(["grid", *argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and fragment in err
+    assert not out.exists()
+
+
+def test_list_shows_every_shipped_grid(capsys):
+    assert main(["grid", "--list"]) == 0
+    out = capsys.readouterr().out
+    for name, cells, steps in [("mission", 36, "7,200"), ("prenorm-wins", 24, "7,200"), ("glu", 15, "4,500"),
+                               ("residual", 18, "5,400")]:
+        line = next(line for line in out.splitlines() if line.strip().startswith(name + " "))
+        assert f" {cells} " in line and steps in line and len(line.split()) > 5  # and a description
+
+
+def test_dry_run_prints_cells_and_total_steps_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["grid", "mission", "--dry-run", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "36 cells (48 crossings, 12 duplicates collapsed), 7,200 steps in total" in text
+    assert "post.layernorm.relu.dense.nores__seed=2" in text
+    assert "act=relu,mlp=swiglu,residual=False,seed=1  ->  post.layernorm.swiglu.nores__seed=1" in text
+    assert text.strip().endswith("total: 36 cells, 7,200 steps")
+    assert not out.exists()
+    assert main(["grid", "prenorm-wins", "--dry-run", "--scale", "gpu", "--set", "steps=10", "--out", str(out)]) == 0
+    assert "120 cells" in capsys.readouterr().out and not out.exists()
+
+
+# --------------------------------------------------------------------------- scheduling (fake trainer)
+
+
+def test_workers_run_every_cell_once_and_a_rerun_trains_nothing(tmp_path, capsys):
+    path = write_grid(tmp_path, SMALL)
+    grid, out = load_grid(path), tmp_path / "out"
+    assert execute(grid, out, grid_args(path, "--workers", "2", "--quiet"), cell_fn=fake_cell) == 0
+    text = capsys.readouterr().out
+    assert "6 to run on 2 workers" in text and len(re.findall(r"^\[\d/6\] completed ", text, re.M)) == 6
+    dirs = sorted(p.name for p in out.iterdir() if p.is_dir())
+    assert dirs == sorted(c.id for c in grid.cells)
+    pids = set()
+    threads = max(1, scheduler.cpu_count() // 2)
+    for cell in grid.cells:
+        runs = attempts(out / cell.id)
+        assert len(runs) == 1 and runs[0]["threads"] == threads and runs[0]["gpu"] is None
+        pids.add(runs[0]["pid"])
+    assert 1 <= len(pids) <= 2 and os.getpid() not in pids  # long-lived workers took all the cells
+    state = json.loads((out / "grid.json").read_text())
+    assert state["name"] == "small" and state["counts"] == {"completed": 6}
+    assert [c["id"] for c in state["cells"]] == [c.id for c in grid.cells]
+    assert all(c["status"] == "completed" and c["options"]["seed"] in (0, 1, 2) for c in state["cells"])
+
+    assert execute(grid, out, grid_args(path, "--workers", "2"), cell_fn=fake_cell) == 0
+    text = capsys.readouterr().out
+    assert "6 already finished, nothing to run" in text and "6 completed" in text
+    assert all(len(attempts(out / c.id)) == 1 for c in grid.cells)
+
+
+def test_a_failing_cell_is_retried_then_recorded_while_others_complete(tmp_path, capsys):
+    path = write_grid(tmp_path, SMALL + "[[include]]\nmin_lr_ratio = 0.123\nweight_decay = 0.0\n")
+    grid, out = load_grid(path), tmp_path / "out"
+    bad = next(c for c in grid.cells if c.options.get("min_lr_ratio") == 0.123)
+    assert execute(grid, out, grid_args(path, "--workers", "2", "--retries", "2", "--quiet"), cell_fn=fake_cell) == 1
+    text = capsys.readouterr().out
+    assert len(attempts(out / bad.id)) == 3  # 1 + 2 retries, inside run_cell
+    summary = json.loads((out / bad.id / "summary.json").read_text())
+    assert summary["status"] == "failed" and "injected failure" in summary["error"] and summary["attempts"] == 3
+    assert f"failed    {bad.id}  RuntimeError: injected failure (3 attempts)" in text
+    state = json.loads((out / "grid.json").read_text())
+    assert state["counts"] == {"completed": 6, "failed": 1}
+    # A rerun does not train the failed cell again, and still reports the failure.
+    assert execute(grid, out, grid_args(path, "--workers", "1", "--quiet"), cell_fn=fake_cell) == 1
+    assert len(attempts(out / bad.id)) == 3
+
+
+def test_a_worker_that_dies_is_replaced_and_its_cell_retried_then_failed(tmp_path, capsys):
+    path = write_grid(tmp_path, SMALL + "[[include]]\nbeta1 = 0.123\n")
+    grid, out = load_grid(path), tmp_path / "out"
+    dying = next(c for c in grid.cells if c.options.get("beta1") == 0.123)
+    assert execute(grid, out, grid_args(path, "--workers", "2", "--retries", "1", "--quiet"), cell_fn=fake_cell) == 1
+    text = capsys.readouterr().out
+    assert "worker died (exit code 3)" in text
+    assert len(attempts(out / dying.id)) == 2
+    summary = json.loads((out / dying.id / "summary.json").read_text())
+    assert summary["status"] == "failed" and "worker process died" in summary["error"]
+    assert all(json.loads((out / c.id / "summary.json").read_text())["status"] == "completed"
+               for c in grid.cells if c is not dying)
+
+
+def test_each_worker_gets_its_own_gpu_or_shares_one_when_asked(tmp_path):
+    path = write_grid(tmp_path, "[base]\nweight_decay = 0.3\n[axes]\nseed = [0, 1, 2, 3]\n")
+    grid = load_grid(path)
+    for gpus, per_gpu in [(["0", "1"], 1), (["1", "0"], 2)]:
+        out = tmp_path / f"out{per_gpu}"
+        scheduler.run_local(grid.cells, out, workers=2, gpus=gpus, cells_per_gpu=per_gpu, cell_fn=fake_cell)
+        gpu_of = {}
+        for cell in grid.cells:
+            run = attempts(out / cell.id)[0]
+            assert gpu_of.setdefault(run["pid"], run["gpu"]) == run["gpu"]  # a worker keeps its GPU
+        if per_gpu == 1:  # one worker per GPU
+            assert len(set(gpu_of.values())) == len(gpu_of) and set(gpu_of.values()) <= {"0", "1"}
+        else:  # two workers share the first GPU
+            assert set(gpu_of.values()) == {"1"}
+
+
+def test_busy_cells_are_skipped_and_reported(tmp_path, capsys):
+    path = write_grid(tmp_path, SMALL)
+    grid, out = load_grid(path), tmp_path / "out"
+    held = grid.cells[0]
+    lock = CellLock(out / held.id)
+    assert lock.acquire()  # another process is training this cell
+    try:
+        assert execute(grid, out, grid_args(path, "--workers", "0"), cell_fn=fake_cell) == 0
+        text = capsys.readouterr().out
+        assert f"busy      {held.id}  running in another process" in text
+        assert "1 running elsewhere" in text and "rerun later" in text
+        state = json.loads((out / "grid.json").read_text())
+        assert state["counts"] == {"completed": 5, "running": 1}
+        assert not attempts(out / held.id)
+    finally:
+        lock.release()
+    assert json.loads(json.dumps(scheduler.write_grid_json(out, grid.record())))["counts"]["pending"] == 1
+
+
+def test_grid_json_is_rederived_from_the_run_directories(tmp_path):
+    path = write_grid(tmp_path, SMALL)
+    grid, out = load_grid(path), tmp_path / "out"
+    a, b, c = grid.cells[:3]
+    (out / a.id).mkdir(parents=True)
+    write_json_atomic(out / a.id / "summary.json", {"status": "diverged"})
+    lock = CellLock(out / b.id)
+    assert lock.acquire()
+    try:
+        state = scheduler.write_grid_json(out, grid.record())
+    finally:
+        lock.release()
+    status = {cell["id"]: cell["status"] for cell in state["cells"]}
+    assert (status[a.id], status[b.id], status[c.id]) == ("diverged", "running", "pending")
+    assert state["counts"] == {"diverged": 1, "running": 1, "pending": 4}
+    assert set(state) >= {"name", "source", "base", "axes", "cells", "updated"}
+    assert sorted(p.name for p in out.iterdir()) == sorted([".grid.lock", "grid.json", a.id, b.id])
+
+
+def test_a_rerun_with_different_options_is_refused_up_front(tmp_path, capsys):
+    path = write_grid(tmp_path, SMALL)
+    out = tmp_path / "out"
+    grid = load_grid(path)
+    cell = grid.cells[0]
+    (out / cell.id).mkdir(parents=True)
+    (out / cell.id / "config.json").write_text(json.dumps({"train": {**grid.configs[cell.id].as_dict(), "steps": 99}}))
+    assert main(["grid", str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "holds a run with steps=99, but the grid now says steps=300" in err
+    assert not (out / "grid.json").exists()
+
+
+def test_missing_optional_backends_give_one_line_install_hints(monkeypatch):
+    import builtins
+
+    from ablate.backends import ray_backend, slurm_backend
+
+    real_import = builtins.__import__
+
+    def no_extras(name, *args, **kwargs):
+        if name in ("ray", "submitit"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_extras)
+    with pytest.raises(ConfigError, match=r"pip install -e \.\[ray\]"):
+        ray_backend.import_ray()
+    with pytest.raises(ConfigError, match=r"pip install -e \.\[slurm\]"):
+        slurm_backend.import_submitit()
