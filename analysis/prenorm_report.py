@@ -37,7 +37,7 @@ def _high_lr_no_warmup(verdicts: list[SettingVerdict]) -> list[SettingVerdict]:
     return [v for v in verdicts if v.setting["lr"] == top and v.setting["warmup"] == low_w]
 
 
-def _agreement(verdicts: list[SettingVerdict], gaps: list[str], xiong: str) -> list[str]:
+def _agreement(verdicts: list[SettingVerdict], gaps: list[str], xiong: str, spread: dict) -> list[str]:
     lines = []
     for v in _high_lr_no_warmup(verdicts):
         plateau = len(v.post.plateaued)
@@ -47,7 +47,9 @@ def _agreement(verdicts: list[SettingVerdict], gaps: list[str], xiong: str) -> l
         elif v.outcome == "not enough seeds to tell":
             lines.append(f"**Cannot tell** at {v.label()}: {v.reason}.")
         else:
-            lines.append(f"**Does not agree**: at {v.label()} the outcome is {v.outcome!r}, not a pre-norm win.")
+            stuck = (f" (plateau: post-norm {len(v.post.plateaued)}/{v.post.n_trained} seeds, pre-norm "
+                     f"{len(v.pre.plateaued)}/{v.pre.n_trained}; diverged: {len(v.post.diverged)} vs {len(v.pre.diverged)})")
+            lines.append(f"**Does not agree**: at {v.label()} the outcome is {v.outcome!r}, not a pre-norm win{stuck}.")
     closing = [g for g in gaps if g.startswith("With warmup")]
     for g in closing:
         verdict = ("**Agrees**" if "it closes" in g else "**Cannot tell**" if "cannot tell" in g or "no gap" in g
@@ -59,6 +61,14 @@ def _agreement(verdicts: list[SettingVerdict], gaps: list[str], xiong: str) -> l
                      "post-norm that converges; \"pre-norm wins\" is not true in every setting.")
     lines.append(("**Agrees**" if xiong.startswith("This agrees") else "**Does not agree**")
                  + " on gradients at initialisation: " + xiong[0].lower() + xiong[1:])
+    if PRE in spread and POST in spread:
+        pre, post = spread[PRE], spread[POST]
+        if post > 10 * pre:
+            lines.append(f"**Agrees** that post-norm's gradients misbehave layer by layer during training: by the end, "
+                         f"its per-layer gradient norms span {post:.3g}x (max/min) against pre-norm's {pre:.3g}x.")
+        else:
+            lines.append(f"**Does not agree** that post-norm's gradients misbehave layer by layer during training: by the "
+                         f"end its per-layer gradient norms span {post:.3g}x (max/min), pre-norm's {pre:.3g}x.")
     return lines
 
 
@@ -102,7 +112,7 @@ def verdict_section(analysis: Analysis, alpha: float = ALPHA) -> str:
         "",
         "### Where the result agrees with the claim, and where it does not",
         "",
-        *[f"- {line}" for line in _agreement(verdicts, gaps, xiong)],
+        *[f"- {line}" for line in _agreement(verdicts, gaps, xiong, _end_spread(metrics, start))],
         "",
         "Plots for this experiment: `plots/prenorm_final_loss.png` (final loss by setting), "
         "`plots/prenorm_init_and_heatmaps.png` (init profiles and gradient-norm heatmaps side by side) and, "
@@ -115,21 +125,27 @@ def verdict_section(analysis: Analysis, alpha: float = ALPHA) -> str:
     return "\n".join(lines)
 
 
-def _training_spread(metrics: pd.DataFrame, start: list[SettingVerdict]) -> list[str]:
-    """How uneven the per-layer gradient norms became by the end of training."""
+def _end_spread(metrics: pd.DataFrame, start: list[SettingVerdict]) -> dict:
+    """Mean over seeds of the end-of-training max/min ratio of per-layer gradient norms."""
     if not start or "grad_ratio_end" not in metrics:
-        return []
+        return {}
     cells = metrics[metrics["cell_id"].isin(_setting_cells(metrics, start[0].setting))]
-    parts = []
+    out = {}
     for placement in (PRE, POST):
         ratio = pd.to_numeric(cells.loc[cells["norm"] == placement, "grad_ratio_end"], errors="coerce").dropna()
         if not ratio.empty:
-            parts.append(f"{placement}-norm {ratio.mean():.3g}x")
-    if len(parts) < 2:
+            out[placement] = float(ratio.mean())
+    return out
+
+
+def _training_spread(metrics: pd.DataFrame, start: list[SettingVerdict]) -> list[str]:
+    """How uneven the per-layer gradient norms became by the end of training."""
+    spread = _end_spread(metrics, start)
+    if len(spread) < 2:
         return []
     return [f"- By the end of training ({start[0].label()}), the max/min ratio of the per-layer gradient norms "
-            f"(whole blocks) is {' vs '.join(parts)}, mean over seeds: see the heatmaps below for which layers "
-            "starve."]
+            f"(whole blocks) is pre-norm {spread[PRE]:.3g}x vs post-norm {spread[POST]:.3g}x, mean over seeds: "
+            "see the heatmaps below for which layers starve."]
 
 
 def _setting_note(start: list[SettingVerdict]) -> str:
