@@ -263,3 +263,17 @@ def test_probes_equal_their_definitions():
     assert metrics["grad_norm"] == pytest.approx(norm(list(named), g), rel=1e-5)
     for i, rms in enumerate(expected_rms):
         assert metrics[f"act_norm/layer_{i}"] == pytest.approx(rms, rel=1e-5)
+
+
+def test_options_come_from_a_config_file_and_flags_override_it(tmp_path, capsys):
+    config = tmp_path / "run.toml"
+    config.write_text('variant = "post-ln"\nsteps = 3\nbatch_size = 2\nseq_len = 16\nlr = 0.01\n')
+    out = tmp_path / "out"
+    assert main(["train", "--config", str(config), "--lr", "0.002", "--quiet", "--out", str(out)]) == 0
+    run_dir = next(out.iterdir())
+    train_options = json.loads((run_dir / "config.json").read_text())["train"]
+    assert (train_options["variant"], train_options["steps"], train_options["lr"]) == ("post-ln", 3, 0.002)
+    assert run_dir.name.startswith("post.layernorm.gelu.dense.res__")
+    config.write_text("steps = [\n")
+    assert main(["train", "--config", str(config), "--out", str(tmp_path / "bad")]) == 2
+    assert "is not valid TOML" in capsys.readouterr().err and not (tmp_path / "bad").exists()
