@@ -88,7 +88,7 @@ def resolve_variant(variant: str, axes: Mapping[str, Any]) -> VariantSpec:
     return make_variant(strict=False, **merged)
 
 
-def _coerce(key: str, value: Any) -> Any:
+def coerce_option(key: str, value: Any) -> Any:
     kind = _TYPES[key]
     if value is None or (isinstance(value, str) and value.lower() in ("none", "null") and "None" in kind):
         if "None" in kind:
@@ -156,7 +156,7 @@ def resolve(options: Mapping[str, Any]) -> TrainConfig:
     unknown = sorted(set(options) - set(OPTION_NAMES))
     if unknown:
         raise ConfigError(f"unknown option {unknown[0]!r}; valid: {', '.join(OPTION_NAMES)}")
-    cfg = TrainConfig(**{k: _coerce(k, v) for k, v in options.items()})
+    cfg = TrainConfig(**{k: coerce_option(k, v) for k, v in options.items()})
     _check(cfg)
     return cfg
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ablate.cell import Cell
-from ablate.config import OPTION_NAMES, TrainConfig, _coerce, resolve
+from ablate.config import OPTION_NAMES, TrainConfig, coerce_option, resolve
 from ablate.errors import ConfigError
 from variants import AXES, VariantError, parse_variant
 
@@ -123,7 +123,7 @@ def _scalar(source: str, where: str, key: str, value: Any) -> Any:
     if isinstance(value, (dict, list)) or not isinstance(value, (str, int, float, bool)):
         raise _fail(source, where, f"{key} = {value!r} is not a single value; valid: a string, number or boolean")
     try:
-        return _coerce(key, value)
+        return coerce_option(key, value)
     except ConfigError as e:
         raise _fail(source, where, str(e)) from None
 
@@ -301,7 +301,7 @@ def parse_overrides(items: list[str] | Mapping[str, Any]) -> dict[str, Any]:
         if key not in OPTION_NAMES:
             raise ConfigError(f"--set: unknown key {key!r}; valid: {', '.join(OPTION_NAMES)}")
         try:
-            out[key] = _coerce(key, value)
+            out[key] = coerce_option(key, value)
         except ConfigError as e:
             raise ConfigError(f"--set: {e}") from None
     return out

@@ -188,7 +188,7 @@ def test_trains_on_shards_and_on_text_with_bpe(tmp_path, monkeypatch):
         (["--data", "/no/such/path"], "data path '/no/such/path' does not exist"),
         (["--model", "huge"], "unknown model 'huge'; valid: tiny"),
         (["--variant", "mlp=swiglu,act=relu"], "does not apply to mlp=swiglu"),
-        (["--set", "colour=red"], "unknown option 'colour'"),
+        (["--set", "colour=red"], "unknown key 'colour'"),
         (["--kernels", "magic"], "unknown kernels 'magic'"),
     ],
 )

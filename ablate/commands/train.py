@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ablate.config import OPTION_NAMES, TrainConfig
 from ablate.errors import ConfigError
+from ablate.grids import parse_overrides
 
 # Options whose value is part of the run's identity: when given on the command line they
 # appear in the cell id, so `--lr 1e-3` and `--lr 3e-3` land in different directories.
@@ -44,11 +45,7 @@ def collect_options(args) -> tuple[dict, set[str]]:
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {str(args.config)!r} is not valid TOML: {e}") from None
     options.update({k: getattr(args, k) for k in OPTION_NAMES if getattr(args, k, None) is not None})
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError(f"--set {item!r} is not KEY=VALUE; valid keys: {', '.join(OPTION_NAMES)}")
-        options[key.strip()] = value.strip()
+    options.update(parse_overrides(args.set))
     return options, set(options)
 
 
