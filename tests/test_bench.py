@@ -25,3 +25,22 @@ def test_plain_baseline_matches_the_harness_model_shape_for_shape():
             p.copy_(ours[mapping[name]])
     idx = torch.randint(0, size.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))
     assert torch.allclose(plain(idx, idx), harness(idx, idx)[1], atol=1e-5)
+
+
+def test_bench_prints_the_step_table(capsys):
+    from ablate.cli import main
+
+    assert main(["bench", "--only", "steps", "--models", "tiny", "--steps", "3", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| tiny |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert len(cells) == 7 and cells[3].endswith("x") and cells[6].endswith("%")
+
+
+def test_bench_refuses_bad_arguments(capsys):
+    from ablate.cli import main
+
+    assert main(["bench", "--steps", "1"]) == 2
+    assert main(["bench", "--models", "huge"]) == 2
+    err = capsys.readouterr().err
+    assert "need steps >= 2" in err and "unknown model 'huge'" in err
