@@ -58,7 +58,8 @@ def run_config(cell, cfg: TrainConfig, model: GPT, data: TokenData, device, kern
         "group": cell.group,
         "variant": {"id": spec.id, **spec.axes()},
         "model": {**model.size.as_dict(), "params": sum(p.numel() for p in model.parameters())},
-        "train": {**cfg.as_dict(), "seq_len": cfg.context},
+        # Resolved values: the context, and the CPU threads in use (they fix the reductions' bits).
+        "train": {**cfg.as_dict(), "seq_len": cfg.context, "threads": cfg.threads or torch.get_num_threads()},
         "seed": cfg.seed,
         "axes": cell.axes,
         "grid": cell.grid,
