@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ablate.errors import ConfigError
+from ablate.rundir import write_json_atomic
 
 MAGIC, VERSION, HEADER_INTS = 20240520, 1, 256
 VAL_FRACTION = 0.05
@@ -215,10 +216,7 @@ def _cached_tokens(files: list[Path], tokenizer: str, vocab_size: int, tag: str)
         write_shard(tokens_path, tokens)
         stored = read_shard(tokens_path)
         meta = {"fingerprint": _fingerprint([stored]), "files": len(files), "unigram_entropy": unigram_entropy(stored)}
-        fd, tmp = tempfile.mkstemp(dir=cache, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(meta, f)
-        os.replace(tmp, meta_path)
+        write_json_atomic(meta_path, meta)
     return read_shard(tokens_path), json.loads(meta_path.read_text())
 
 

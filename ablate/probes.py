@@ -8,11 +8,10 @@ copy before the optimizer step and one foreach subtraction after it.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ablate.model import GPT
+from ablate.rundir import finite_or_none
 
 KINDS = ("attn", "mlp", "norm")
 
@@ -95,9 +94,6 @@ class Probes:
         act_rms = torch.stack(act_norms).float() * stream_elements**-0.5
         parts = [loss.detach().float().view(1), grad_norms, act_rms, self.update_ratios()]
         values = torch.cat(parts).tolist()
-        metrics = {name: _finite(v) for name, v in zip(self.names, values[1:])}
+        metrics = {name: finite_or_none(v) for name, v in zip(self.names, values[1:])}
         return values[0], metrics
 
-
-def _finite(v: float):
-    return v if math.isfinite(v) else None

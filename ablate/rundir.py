@@ -80,11 +80,3 @@ class CellLock:
             return True
         finally:
             os.close(fd)
-
-    def __enter__(self):
-        if not self.acquire():
-            raise BlockingIOError(f"{self.path} is held by another process")
-        return self
-
-    def __exit__(self, *exc):
-        self.release()

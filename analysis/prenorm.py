@@ -80,19 +80,26 @@ class SettingVerdict:
         return f"At {self.label()}: **{self.outcome}** ({self.reason})."
 
 
+def paired(pre: Side, post: Side) -> tuple[list, np.ndarray, float | None]:
+    """Seeds completed under both placements, their differences post - pre, and the paired
+    t-test p-value over them (None with fewer than two pairs)."""
+    seeds = sorted(set(pre.losses) & set(post.losses))
+    post_losses, pre_losses = [post.losses[s] for s in seeds], [pre.losses[s] for s in seeds]
+    p = paired_p_value(post_losses, pre_losses) if len(seeds) >= 2 else None
+    return seeds, np.subtract(post_losses, pre_losses), p
+
+
 def decide(pre: Side, post: Side, alpha: float = ALPHA):
     """(outcome, reason, paired differences) for one setting; see the module docstring."""
-    seeds = sorted(set(pre.losses) & set(post.losses))
-    diffs = np.array([post.losses[s] - pre.losses[s] for s in seeds])
+    seeds, diffs, p = paired(pre, post)
     if post.diverged and len(post.diverged) == post.n_trained >= 2 and not pre.diverged:
         return "pre-norm wins", f"post-norm diverged in all {post.n_trained} seeds, pre-norm in none", diffs
     if pre.diverged and len(pre.diverged) == pre.n_trained >= 2 and not post.diverged:
         return "post-norm wins", f"pre-norm diverged in all {pre.n_trained} seeds, post-norm in none", diffs
     if len(seeds) < 2:
         return "not enough seeds to tell", f"{len(seeds)} seed(s) completed under both placements; a test needs 2", diffs
-    p = paired_p_value([post.losses[s] for s in seeds], [pre.losses[s] for s in seeds])
     mean = float(diffs.mean())
-    stated = f"post - pre = {mean:+.3f} nats over {len(seeds)} paired seeds, paired t-test p={_p(p)}"
+    stated = f"post - pre = {mean:+.3f} nats over {len(seeds)} paired seeds, paired t-test p={format_p(p)}"
     if p is not None and p < alpha:
         return ("pre-norm wins" if mean > 0 else "post-norm wins"), stated, diffs
     if p is None and np.allclose(diffs, diffs[0], rtol=0, atol=1e-9) and abs(diffs[0]) > 1e-9:
@@ -101,7 +108,8 @@ def decide(pre: Side, post: Side, alpha: float = ALPHA):
     return "no significant difference", stated, diffs
 
 
-def _p(p: float | None) -> str:
+def format_p(p: float | None) -> str:
+    """The verdict's spelling of a p-value (two significant digits, floor 1e-4)."""
     if p is None:
         return "undefined"
     return f"{p:.2g}" if p >= 1e-4 else "<1e-4"
@@ -138,8 +146,7 @@ def setting_verdicts(metrics: pd.DataFrame, alpha: float = ALPHA) -> list[Settin
         pre, post = _side(cells[cells["norm"] == PRE]), _side(cells[cells["norm"] == POST])
         outcome, reason, diffs = decide(pre, post, alpha)
         interval = bootstrap_ci(diffs) if diffs.size else None
-        seeds = sorted(set(pre.losses) & set(post.losses))
-        p = paired_p_value([post.losses[s] for s in seeds], [pre.losses[s] for s in seeds]) if len(seeds) >= 2 else None
+        seeds, _, p = paired(pre, post)
         out.append(SettingVerdict(dict(zip(axes, key)), pre, post, float(diffs.mean()) if diffs.size else None,
                                   interval, p, len(seeds), outcome, reason))
     return out

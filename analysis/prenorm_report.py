@@ -9,15 +9,11 @@ import pandas as pd
 from analysis import plots
 from analysis.analyse import Analysis
 from analysis.load import layer_columns
-from analysis.prenorm import (ALPHA, PLATEAU_MARGIN, PRE, POST, SettingVerdict, gap_sentences, init_profiles,
-                              setting_verdicts, xiong_sentence)
+from analysis.prenorm import (ALPHA, PLATEAU_MARGIN, PRE, POST, SettingVerdict, format_p, gap_sentences,
+                              init_profiles, setting_verdicts, xiong_sentence)
 
 CLAIM = ("post-norm (the 2017 transformer) trains badly without learning-rate warmup at depth and a high "
          "learning rate, its gradients misbehave layer by layer, and pre-norm trains stably")
-
-
-def _ci(side) -> str:
-    return side.describe()
 
 
 def _table(verdicts: list[SettingVerdict]) -> str:
@@ -26,8 +22,8 @@ def _table(verdicts: list[SettingVerdict]) -> str:
     for v in verdicts:
         diff = "—" if v.diff_mean is None else (
             f"{v.diff_mean:+.3f}" + (f" [{v.diff_interval.low:+.3f}, {v.diff_interval.high:+.3f}]" if v.diff_interval else " (no interval)"))
-        p = "—" if v.p_value is None else (f"{v.p_value:.2g}" if v.p_value >= 1e-4 else "<1e-4")
-        rows.append(f"| {v.label()} | {_ci(v.pre)} | {_ci(v.post)} | {diff} | {p} | {v.outcome} |")
+        p = "—" if v.p_value is None else format_p(v.p_value)
+        rows.append(f"| {v.label()} | {v.pre.describe()} | {v.post.describe()} | {diff} | {p} | {v.outcome} |")
     return "\n".join(rows)
 
 
@@ -72,12 +68,13 @@ def _agreement(verdicts: list[SettingVerdict], gaps: list[str], xiong: str, spre
     return lines
 
 
-def verdict_section(analysis: Analysis, alpha: float = ALPHA) -> str:
-    """Markdown for the top of report.md. Every sentence is derived from the numbers."""
+def verdict_section(analysis: Analysis, alpha: float = ALPHA, verdicts: list[SettingVerdict] | None = None) -> str:
+    """Markdown for the top of report.md. Every sentence is derived from the numbers.
+    `verdicts` (from setting_verdicts at the same alpha) saves computing them again."""
     metrics = analysis.metrics
     if metrics.empty or not {PRE, POST} <= set(metrics["norm"].dropna()):
         return "## Verdict\n\nThe grid has no pre-norm and post-norm cells to compare yet."
-    verdicts = setting_verdicts(metrics, alpha)
+    verdicts = verdicts if verdicts is not None else setting_verdicts(metrics, alpha)
     gaps = gap_sentences(verdicts)
     start = _high_lr_no_warmup(verdicts)
     cells = metrics[metrics["cell_id"].isin(_setting_cells(metrics, start[0].setting))] if start else metrics
@@ -160,11 +157,11 @@ def _setting_cells(metrics: pd.DataFrame, setting: dict) -> list[str]:
 
 
 @plots._styled
-def plot_final_loss_by_setting(analysis: Analysis, out_dir: Path, dpi: int = 120) -> plots.Plot | None:
+def plot_final_loss_by_setting(analysis: Analysis, verdicts: list[SettingVerdict], out_dir: Path,
+                               dpi: int = 120) -> plots.Plot | None:
     """Final loss against warmup, one panel per learning rate (and depth), pre vs post:
     mean over seeds with its 95% interval, each seed a dot, diverged seeds as red x at the top."""
     metrics = analysis.metrics
-    verdicts = setting_verdicts(metrics)
     if not verdicts:
         return None
     style = plots.make_style(metrics)
@@ -202,13 +199,13 @@ def plot_final_loss_by_setting(analysis: Analysis, out_dir: Path, dpi: int = 120
 
 
 @plots._styled
-def plot_init_and_heatmaps(analysis: Analysis, out_dir: Path, dpi: int = 120) -> plots.Plot | None:
+def plot_init_and_heatmaps(analysis: Analysis, verdicts: list[SettingVerdict], out_dir: Path,
+                           dpi: int = 120) -> plots.Plot | None:
     """Left: per-layer MLP gradient norm at step 0 for pre and post. Right: layer x step
     gradient-norm heatmaps of both at the high learning rate without warmup, shared log scale."""
     from matplotlib.colors import LogNorm
 
     runs, metrics = analysis.runs, analysis.metrics
-    verdicts = setting_verdicts(metrics)
     start = _high_lr_no_warmup(verdicts)
     if not start or not layer_columns(runs.steps, "grad_norm"):
         return None
@@ -249,8 +246,11 @@ def plot_init_and_heatmaps(analysis: Analysis, out_dir: Path, dpi: int = 120) ->
     return plots.Plot("prenorm_init_and_heatmaps", fig, plots._save(fig, out_dir, "prenorm_init_and_heatmaps", dpi), caption)
 
 
-def write_prenorm_plots(analysis: Analysis, out_dir: Path, dpi: int = 120) -> list[Path]:
-    made = [plot_final_loss_by_setting(analysis, out_dir, dpi), plot_init_and_heatmaps(analysis, out_dir, dpi)]
+def write_prenorm_plots(analysis: Analysis, out_dir: Path, verdicts: list[SettingVerdict] | None = None,
+                        dpi: int = 120) -> list[Path]:
+    verdicts = verdicts if verdicts is not None else setting_verdicts(analysis.metrics)
+    made = [plot_final_loss_by_setting(analysis, verdicts, out_dir, dpi),
+            plot_init_and_heatmaps(analysis, verdicts, out_dir, dpi)]
     made = [m for m in made if m is not None]
     try:
         return [p for m in made for p in m.paths]

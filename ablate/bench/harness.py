@@ -61,8 +61,7 @@ def _harness_seconds(model: str, steps: int, probes: bool, device: str) -> float
 def _plain_seconds(model: str, steps: int, device: str) -> float:
     size = get_size(model)
     data = load_data(None, size.tokenizer, size.vocab_size)
-    seconds = plain_training_steps(size, data, steps, BATCH, LR, SEED, device)
-    return seconds
+    return plain_training_steps(size, data, steps, BATCH, LR, SEED, device)
 
 
 def compare_steps(model: str = "tiny", steps: int = 60, repeats: int = 5, device: str = "cpu") -> StepComparison:
@@ -77,25 +76,10 @@ def compare_steps(model: str = "tiny", steps: int = 60, repeats: int = 5, device
         order = order[r % 3:] + order[: r % 3]  # rotate which goes first
         for kind, probes in order:
             if kind == "plain":
-                result.plain_s.append(_plain_seconds(model, steps, device) + _plain_eval_seconds(model, device))
+                result.plain_s.append(_plain_seconds(model, steps, device))
             else:
                 (result.probes_on_s if probes else result.probes_off_s).append(_harness_seconds(model, steps, probes, device))
     return result
-
-
-def _plain_eval_seconds(model: str, device: str) -> float:
-    """One validation batch, matching the harness's final evaluation."""
-    from ablate.bench.plain_gpt import PlainGPT
-
-    size = get_size(model)
-    data = load_data(None, size.tokenizer, size.vocab_size)
-    torch.manual_seed(SEED)
-    net = PlainGPT(size.vocab_size, size.context, size.d_model, size.n_layer, size.n_head).to(device)
-    x, y = data.batch("val", 0, 0, BATCH, size.context, device)
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        net(x, y).item()
-    return time.perf_counter() - t0
 
 
 def _run(cmd: list[str], cwd: Path) -> float:

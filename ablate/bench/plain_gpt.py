@@ -51,7 +51,8 @@ class PlainGPT(nn.Module):
 
 
 def plain_training_steps(size, data, steps: int, batch_size: int, lr: float, seed: int, device="cpu") -> float:
-    """Train `steps` steps; returns the wall-clock seconds of the loop."""
+    """Train `steps` steps, then evaluate one validation batch (as the harness's final
+    evaluation does); returns the wall-clock seconds of both."""
     import time
 
     torch.manual_seed(seed)
@@ -69,4 +70,7 @@ def plain_training_steps(size, data, steps: int, batch_size: int, lr: float, see
         opt.step()
         opt.zero_grad(set_to_none=True)
         loss.item()  # the loop a user writes looks at its loss
+    with torch.no_grad():
+        x, y = data.batch("val", 0, 0, batch_size, size.context, device)
+        model(x, y).item()
     return time.perf_counter() - t0

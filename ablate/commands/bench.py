@@ -26,7 +26,7 @@ def run(args) -> int:
     parts = args.only or [p for p in PARTS if p != "gpu" or torch.cuda.is_available()]
     print(f"ablate bench ({h.threads_note()}, torch {torch.__version__})\n")
     if "steps" in parts:
-        print(f"| model | plain tok/s | harness probes on tok/s | on / plain | probes off tok/s | off / plain | probe overhead |")
+        print("| model | plain tok/s | harness probes on tok/s | on / plain | probes off tok/s | off / plain | probe overhead |")
         print("|---|---|---|---|---|---|---|")
         for model in models:
             c = h.compare_steps(model, args.steps, args.repeats)

@@ -70,12 +70,14 @@ def run(args) -> int:
 def write(out: Path) -> Path:
     """report.md with the verdict section on top, plus the experiment's own plots."""
     from analysis.analyse import analyse
+    from analysis.prenorm import setting_verdicts
     from analysis.prenorm_report import verdict_section, write_prenorm_plots
     from analysis.report import write_report
 
     analysis = analyse(out)
-    section = verdict_section(analysis)
-    write_prenorm_plots(analysis, out / "plots")
+    verdicts = setting_verdicts(analysis.metrics)  # once, for the section and the plots
+    section = verdict_section(analysis, verdicts=verdicts)
+    write_prenorm_plots(analysis, out / "plots", verdicts)
     path = write_report(out, preamble_sections=[section], analysis=analysis)
     for line in section.splitlines():
         if line.startswith("- At "):
