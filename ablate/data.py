@@ -107,8 +107,10 @@ def _read_bytes(files: list[Path]) -> bytes:
 # ---------------------------------------------------------------- tokenizers
 
 
-def _train_bpe(text_files: list[Path], vocab_size: int, out: Path):
-    """A byte-level BPE of `vocab_size` trained on the corpus (Hugging Face tokenizers)."""
+def _train_bpe(chunks: list[str], vocab_size: int, out: Path):
+    """A byte-level BPE of `vocab_size` trained on the corpus (Hugging Face tokenizers), from
+    the decoded text rather than the files: tokenizers' file reader refuses a file that is not
+    UTF-8, and the stdlib itself ships some (test/encoded_modules, test_source_encoding.py)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -117,7 +119,7 @@ def _train_bpe(text_files: list[Path], vocab_size: int, out: Path):
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
     )
-    tok.train([str(p) for p in text_files], trainer)
+    tok.train_from_iterator(chunks, trainer, length=len(chunks))
     if tok.get_vocab_size() > vocab_size:
         raise ConfigError(f"BPE produced {tok.get_vocab_size()} tokens, more than vocab_size {vocab_size}")
     tmp = out.with_suffix(".tmp")
@@ -130,17 +132,18 @@ def _encode(text_files: list[Path], tokenizer: str, vocab_size: int, cache: Path
     raw = _read_bytes(text_files)
     if tokenizer == "bytes":
         return np.frombuffer(raw, dtype=np.uint8).astype(np.uint16)
+    # Bytes that are not UTF-8 become U+FFFD, in training and encoding alike.
+    text = raw.decode("utf-8", errors="replace")
+    # Line-aligned chunks, so that tokenizers can parallelise and memory stays flat.
+    lines = text.splitlines(keepends=True)
+    chunks = ["".join(lines[i : i + 2000]) for i in range(0, len(lines), 2000)]
     tok_path = cache / f"bpe-{vocab_size}.json"
     if tok_path.exists():
         from tokenizers import Tokenizer
 
         tok = Tokenizer.from_file(str(tok_path))
     else:
-        tok = _train_bpe(text_files, vocab_size, tok_path)
-    text = raw.decode("utf-8", errors="replace")
-    # Encode in line-aligned chunks so tokenizers can parallelise and memory stays flat.
-    lines = text.splitlines(keepends=True)
-    chunks = ["".join(lines[i : i + 2000]) for i in range(0, len(lines), 2000)]
+        tok = _train_bpe(chunks, vocab_size, tok_path)
     ids = [np.asarray(e.ids, dtype=np.uint16) for e in tok.encode_batch(chunks)]
     return np.concatenate(ids) if ids else np.zeros(0, dtype=np.uint16)
 
@@ -207,7 +210,7 @@ def unigram_entropy(tokens: np.ndarray) -> float:
 
 
 def _cached_tokens(files: list[Path], tokenizer: str, vocab_size: int, tag: str) -> tuple[np.ndarray, dict]:
-    key = _listing_key(files, f"{tag}|{tokenizer}|{vocab_size}|v2")
+    key = _listing_key(files, f"{tag}|{tokenizer}|{vocab_size}|v3")
     cache = cache_root() / f"{tag}-{key}"
     tokens_path, meta_path = cache / f"tokens-{tokenizer}-{vocab_size}.bin", cache / f"tokens-{tokenizer}-{vocab_size}.json"
     if not meta_path.exists():

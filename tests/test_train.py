@@ -179,6 +179,22 @@ def test_trains_on_shards_and_on_text_with_bpe(tmp_path, monkeypatch):
     assert data.describe()["train_tokens"] < text.stat().st_size / 2  # BPE compresses
 
 
+def test_bpe_trains_on_a_corpus_with_files_that_are_not_utf8(tmp_path, monkeypatch):
+    """The default corpus, the stdlib, holds Latin-1 and KOI8-R files (test/encoded_modules):
+    tokenizers' own file reader refused them, which broke every BPE size on the default data."""
+    monkeypatch.setenv("ABLATE_CACHE", str(tmp_path / "cache"))
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.py").write_text("".join(f"def f{i}(x):\n    return x * {i}\n" for i in range(2000)))
+    (corpus / "b.py").write_bytes("# -*- coding: latin-1 -*-\nname = 'caf\xe9'\n".encode("latin-1") * 50)
+    data = load_data(str(corpus), "bpe", 300)
+    assert data.tokenizer == "bpe" and int(max(a.max() for a in data.train)) < 300
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(next((tmp_path / "cache").rglob("bpe-300.json"))))
+    assert "caf\ufffd" in tok.decode(tok.encode("caf\ufffd").ids)  # the byte became U+FFFD, as in encoding
+
+
 @pytest.mark.parametrize(
     "args, fragment",
     [
