@@ -8,9 +8,24 @@
 # Every stage has a time cap inside an overall deadline, so the script always ends in time and
 # prints what it got. Everything is printed and also kept under $OUT (default: a fresh temp dir).
 # Usage: scripts/gpu_check.sh            (from anywhere; PYTHON=... to pick the interpreter)
+# It runs from the source tree (no install needed). Wheels in .whl/ (scripts/gpu_wheels.sh fetches
+# the ones the device tool's H200 image lacks: jsonlines) are installed into /tmp/site first, so
+# on that machine: scripts/gpu_wheels.sh here, then run `bash scripts/gpu_check.sh` with carry .whl.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python}
+PY=${PYTHON:-python3}
+if compgen -G ".whl/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+missing=$("$PY" -c "
+import importlib.util as u
+print(' '.join(m for m in ('torch', 'triton', 'numpy', 'scipy', 'pandas', 'seaborn', 'jsonlines', 'tqdm', 'tokenizers')
+               if u.find_spec(m) is None))")
+if [ -n "$missing" ]; then
+  echo "gpu_check: $PY lacks: $missing (fetch wheels into .whl/ with scripts/gpu_wheels.sh and carry .whl)"
+  exit 2
+fi
 OUT=${OUT:-$(mktemp -d /tmp/ablate-gpu-check.XXXXXX)}
 mkdir -p "$OUT"
 BUDGET=${BUDGET:-465}  # seconds, all stages together (8 minutes is 480)

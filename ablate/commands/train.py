@@ -14,8 +14,9 @@ from ablate.grids import parse_overrides
 ID_OPTIONS = ("model", "layers", "steps", "lr", "warmup", "schedule", "min_lr_ratio", "batch_size",
               "seq_len", "weight_decay", "beta1", "beta2", "grad_clip", "diverge_factor")
 HELP = {
-    "variant": "preset, id or axis=value,... (default gpt2)", "model": "size: tiny, small, medium, andrea-120m",
-    "layers": "override the size's number of blocks", "lr": "peak learning rate", "warmup": "linear warmup steps",
+    "variant": "preset, id or axis=value,...", "model": "size: tiny, small, medium, andrea-120m",
+    "layers": "override the size's number of blocks", "seq_len": "context length (default: the size's)",
+    "lr": "peak learning rate", "warmup": "linear warmup steps",
     "data": "text file, folder of text files, or llm.c .bin shard(s); default: the stdlib's sources",
     "kernels": "reference, triton, cuda or auto", "grad_clip": "clip the gradient norm (0 = off)",
     "probes": "log per-layer metrics (true/false)", "log_every": "log metrics every N steps",
@@ -29,7 +30,7 @@ def add_option_flags(p, skip=()) -> None:
             continue
         default = TrainConfig.__dataclass_fields__[name].default
         p.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, metavar="X",
-                       help=f"{HELP.get(name, name.replace('_', ' '))} (default {default})")
+                       help=HELP.get(name, name.replace("_", " ")) + ("" if default is None else f" (default {default})"))
     p.add_argument("--config", type=Path, help="TOML file of options; flags override it")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="set any option")
 
