@@ -29,6 +29,9 @@ fi
 OUT=${OUT:-$(mktemp -d /tmp/ablate-gpu-check.XXXXXX)}
 mkdir -p "$OUT"
 BUDGET=${BUDGET:-465}  # seconds, all stages together (8 minutes is 480)
+# A dry run of the plumbing on a CPU: MODEL=tiny STEPS=10 TRITON_INTERPRET=1 scripts/gpu_check.sh
+MODEL=${MODEL:-andrea-120m}
+STEPS=${STEPS:-50}
 START=$(date +%s)
 DEADLINE=$((START + BUDGET))
 STATUS=0
@@ -40,11 +43,14 @@ fail() { echo "!!! $*"; STATUS=1; }
 
 stage "environment (output in $OUT)"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader || true
-$PY -c "import torch, triton; print('torch', torch.__version__, '| cuda', torch.version.cuda, '| triton', triton.__version__, '|', torch.cuda.get_device_name(0), 'sm_%d%d' % torch.cuda.get_device_capability(0))"
+"$PY" -c "
+import torch, triton
+gpu = (torch.cuda.get_device_name(0) + ' sm_%d%d' % torch.cuda.get_device_capability(0)) if torch.cuda.is_available() else 'NO CUDA DEVICE'
+print('torch', torch.__version__, '| cuda', torch.version.cuda, '| triton', triton.__version__, '|', gpu)"
 command -v nvcc >/dev/null && nvcc --version | tail -2 || echo "nvcc: not on PATH (the cuda backend will be unavailable unless CUDA_HOME has one)"
 
 stage "build the cuda extension (cap 150s)"
-timeout "$(cap 150)" $PY - <<'EOF' || fail "cuda extension did not build"
+timeout "$(cap 150)" "$PY" - <<'EOF' || fail "cuda extension did not build"
 import time
 t = time.time()
 from ablate.errors import ConfigError
@@ -58,20 +64,20 @@ except ConfigError as e:
 EOF
 
 stage "parity suite on the GPU (cap 150s): ablate kernels check"
-timeout "$(cap 150)" $PY -m ablate kernels check --verbose 2>&1 | tee "$OUT/parity.log" | grep -v '^  ok ' \
+timeout "$(cap 150)" "$PY" -m ablate kernels check --verbose 2>&1 | tee "$OUT/parity.log" | grep -v '^  ok ' \
   || fail "parity: failures, or it did not finish (see $OUT/parity.log)"
 
-stage "50 steps of andrea-120m per backend (cap 100s for the first, which also prepares the data; 60s each after)"
+stage "$STEPS steps of $MODEL per backend (cap 100s for the first, which also prepares the data; 60s each after)"
 for K in reference triton cuda; do
   c=60; [ "$K" = reference ] && c=100
   t0=$(date +%s)
-  timeout "$(cap $c)" $PY -m ablate train --model andrea-120m --steps 50 --kernels "$K" --seed 0 \
+  timeout "$(cap $c)" "$PY" -m ablate train --model "$MODEL" --steps "$STEPS" --kernels "$K" --seed 0 \
       --out "$OUT/train-$K" --quiet 2>&1 | tail -n 3 || fail "train --kernels $K failed or timed out"
   echo "  ($K: $(($(date +%s) - t0))s wall)"
 done
 
 stage "compare the loss curves"
-$PY - "$OUT" <<'EOF' || fail "loss curves differ beyond bfloat16 tolerance"
+"$PY" - "$OUT" <<'EOF' || fail "loss curves differ beyond bfloat16 tolerance"
 import glob, json, statistics, sys
 out = sys.argv[1]
 curves, speed = {}, {}
@@ -82,7 +88,8 @@ for k in ("reference", "triton", "cuda"):
         continue
     rows = [json.loads(line) for line in open(files[0]) if line.strip()]
     curves[k] = {r["step"]: r["loss"] for r in rows if r.get("loss") is not None}
-    tps = [r["tokens_per_s"] for r in rows if r.get("tokens_per_s") and r["step"] >= 10]
+    last = max((r["step"] for r in rows), default=0)
+    tps = [r["tokens_per_s"] for r in rows if r.get("tokens_per_s") and r["step"] >= last // 5]  # past warm-up
     speed[k] = statistics.median(tps) if tps else float("nan")
 ref = curves.get("reference")
 if not ref:
@@ -93,7 +100,7 @@ show = [s for s in steps if s % 5 == 0 or s == steps[-1]]
 print("step  " + "".join(f"{k:>12}" for k in curves))
 for s in show:
     print(f"{s:<6}" + "".join(f"{curves[k].get(s, float('nan')):>12.5f}" for k in curves))
-print("tokens/s (median, steps >= 10): " + ", ".join(f"{k} {v:,.0f} ({v / speed['reference']:.2f}x)" for k, v in speed.items()))
+print("tokens/s (median, past the first fifth of the steps): " + ", ".join(f"{k} {v:,.0f} ({v / speed['reference']:.2f}x)" for k, v in speed.items()))
 # bfloat16 autocast: the first step differs only by kernel rounding; later steps may drift apart
 # (training is chaotic) but must stay within a few bfloat16 roundings of the loss.
 ok = True
@@ -117,7 +124,7 @@ EOF
 
 stage "kernel bench (the remaining $(left)s): ablate kernels bench"
 if [ "$(left)" -gt 20 ]; then
-  timeout "$(cap 400)" $PY -m ablate kernels bench --repeats 10 2>&1 | tee "$OUT/bench.log" \
+  timeout "$(cap 400)" "$PY" -m ablate kernels bench --repeats 10 2>&1 | tee "$OUT/bench.log" \
     || echo "(bench stopped at the deadline; the rows above are complete)"
 else
   echo "no time left for the bench"
