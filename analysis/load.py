@@ -27,6 +27,14 @@ RUNNING = "running"  # a cell folder without summary.json: training, or interrup
 
 _SEED_SUFFIX = re.compile(r"__seed=[^_]+$")
 
+# Training options that change a run's numbers (config.json `train`), besides the variant and
+# the seed. Cells are compared only at equal values of these: one that varies across the folder
+# without being a grid axis (two grids or a stray `ablate train` sharing one --out) becomes an
+# option axis, so a baseline is never paired with a cell trained differently. Kernels, device,
+# threads, compile and the logging options change rounding or what is logged, not the experiment.
+SETTING_KEYS = ("model", "layers", "steps", "lr", "warmup", "schedule", "min_lr_ratio", "batch_size", "seq_len",
+                "weight_decay", "beta1", "beta2", "grad_clip", "diverge_factor")
+
 
 class RunsError(ValueError):
     """The path given is not something `load_runs` can read; the message says what is valid."""
@@ -192,6 +200,9 @@ def _read_cell(cell_dir: Path, skipped: list[str]) -> tuple[dict[str, Any], pd.D
         "git_commit": config.get("git_commit"),
         "path": str(cell_dir),
         "_axes": dict(config.get("axes") or {}),
+        "_settings": {**{k: train.get(k) for k in SETTING_KEYS},
+                      "data": (data.get("fingerprint") or "")[:19] or None,  # "sha256:" + 12 hex
+                      "dtype": config.get("dtype")},
     }
     steps = pd.DataFrame(rows)
     if not steps.empty:
@@ -212,7 +223,14 @@ def _assemble(root, kind, records, step_frames, grid, pending, skipped) -> Runs:
         for name in rec["_axes"]:
             if name not in axis_names and name not in ("variant",):
                 axis_names.append(name)
+    for key in [*SETTING_KEYS, "data", "dtype"]:
+        values = {json.dumps(rec["_settings"].get(key), sort_keys=True) for rec in records}
+        if len(values) > 1 and key not in axis_names:
+            axis_names.append(key)
+            for rec in records:
+                rec["_axes"].setdefault(key, rec["_settings"].get(key))
     for rec in records:
+        rec.pop("_settings")
         axes = rec.pop("_axes")
         for name in axis_names:
             if name in VARIANT_AXES or name == "seed":

@@ -8,6 +8,7 @@ Exit status: 0 when every cell ended completed or diverged (or runs in another p
 """
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -126,6 +127,43 @@ def _preload_data(grid) -> None:
             load_data(*key)
 
 
+def check_out(grid, out: Path) -> None:
+    """Refuse, before anything is written, an --out that is a file or that holds another grid:
+    two grids in one folder would overwrite each other's grid.json, and a report on the folder
+    would pair cells trained under different settings."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; valid: a folder, new or one holding this grid's runs")
+    grid_json = out / "grid.json"
+    if grid_json.is_file():
+        try:
+            held = json.loads(grid_json.read_text()).get("name")
+        except (OSError, ValueError, AttributeError):
+            held = None  # a damaged grid.json is rewritten by the run
+        if held and held != grid.name:
+            raise ConfigError(f"--out {out} holds grid {held!r} (its grid.json); grid {grid.name!r} needs "
+                              "another --out")
+
+
+def check_local_devices(grid) -> None:
+    """With local workers, a device or kernel backend this machine lacks is an input error for
+    the whole grid (exit 2, nothing written), not a refusal per cell. (Ray and SLURM cells run
+    elsewhere, so their machines decide.)"""
+    import torch
+
+    from ablate.kernels import get_backend
+    from ablate.train import pick_device
+
+    seen = set()
+    for cfg in grid.configs.values():
+        key = (cfg.device, cfg.kernels)
+        if key in seen:
+            continue
+        seen.add(key)
+        device = pick_device(cfg)
+        if cfg.kernels in ("triton", "cuda"):  # `auto` always resolves to something that runs
+            get_backend(cfg.kernels, str(device) if device.type != "cuda" else f"cuda:{torch.cuda.current_device()}")
+
+
 def run(args) -> int:
     if args.list:
         return list_grids()
@@ -142,9 +180,12 @@ def run(args) -> int:
 
     from ablate import scheduler
 
+    check_out(grid, out)
     scheduler.check_existing_runs(grid.cells, grid.configs, out)
     if args.dry_run:
         return dry_run(grid, out)
+    if args.backend == "local":
+        check_local_devices(grid)
     if args.backend == "ray":
         from ablate.backends.ray_backend import import_ray
 
@@ -293,8 +334,10 @@ def run_grid(grid, out: Path | None = None, *, scale: str = "cpu", overrides: di
         grid = load_grid(grid, scale, overrides)
     out = Path(out) if out is not None else Path("runs") / (grid.name if grid.scale == DEFAULT_SCALE else f"{grid.name}-{grid.scale}")
     args = grid_args(**options)
+    check_out(grid, out)
     scheduler.check_existing_runs(grid.cells, grid.configs, out)
     if args.backend == "local":
+        check_local_devices(grid)
         _preload_data(grid)
     return execute(grid, out, args)
 

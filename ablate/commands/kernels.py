@@ -113,6 +113,13 @@ def _check(args, device) -> int:
 def _bench(args, device) -> int:
     import torch
 
+    from ablate.errors import ConfigError
+
+    if args.rows is not None and args.rows < 1:
+        raise ConfigError(f"--rows {args.rows} must be at least 1")
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats {args.repeats} must be at least 1")
+
     on_gpu = device.startswith("cuda")
     # On a CPU the GPU backends would only run interpreted, which measures Python: leave them
     # out unless asked for.
@@ -125,15 +132,13 @@ def _bench(args, device) -> int:
     for n, b in loaded.items():
         if isinstance(b, str):
             print(f"{n}: unavailable ({b})")
-    rows = args.rows or (16384 if on_gpu else 256)
+    rows = args.rows if args.rows is not None else (16384 if on_gpu else 256)
     cases = bench.default_cases(rows)
     if args.ops:
         wanted = [o.strip() for o in args.ops.split(",") if o.strip()]
         known = sorted({c.op for c in cases})
         bad = [o for o in wanted if o not in known]
         if bad:
-            from ablate.errors import ConfigError
-
             raise ConfigError(f"unknown op {bad[0]!r}; valid: {', '.join(known)}")
         cases = [c for c in cases if c.op in wanted]
     timer = bench.Timer(device, repeats=args.repeats)

@@ -37,6 +37,7 @@ def run(args) -> int:
     import os
 
     from ablate.cli import main as cli_main
+    from ablate.commands.grid import check_out
     from ablate.grids import load_grid, parse_overrides
 
     if args.experiment not in EXPERIMENTS:
@@ -47,6 +48,7 @@ def run(args) -> int:
     name = EXPERIMENTS[args.experiment]
     grid = load_grid(name, scale, parse_overrides(args.set))  # validates before anything runs
     out = args.out or Path("runs") / (name if scale == "cpu" else f"{name}-full")
+    check_out(grid, out)  # before the plan is printed
     workers = args.workers or (1 if scale == "gpu" else min(2, os.cpu_count() or 1))
     total = grid.total_steps
     print(f"{args.experiment}: {len(grid.cells)} cells, {total:,} steps in total, {workers} worker(s) -> {out}")

@@ -220,8 +220,12 @@ def format_case(rs: list[Result], copy_bw: float) -> str:
             verdict = "met" if ok else "missed"
         lines.append(f"{case.label:<34}{r.impl:<9}{r.fwd_s * 1e6:>9.1f}{fg:>8.0f}{fg * 1e9 / copy_bw:>7.0%}"
                      f"{r.fwdbwd_s * 1e6:>10.1f}{tg:>8.0f}{tg * 1e9 / copy_bw:>7.0%}"
-                     f"{vs_e:>9.2f}x{vs_c:>8.2f}x  {verdict}")
+                     f"{_ratio(vs_e):>10}{_ratio(vs_c):>9}  {verdict}")
     return "\n".join(lines)
+
+
+def _ratio(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x:.2f}x"  # "-": that baseline was not run (--no-compile)
 
 
 def format_results(results: list[Result], copy_bw: float) -> str:
