@@ -101,3 +101,9 @@ def test_cells_trained_under_other_settings_are_never_paired_with_the_baseline(t
     by_group = {r.group: baseline.of[r.group] for r in runs}
     assert by_group[runs[1].group] == runs[0].group  # same settings: compared
     assert by_group[runs[2].group] is None  # other batch size: no baseline at its settings
+
+
+def test_grid_kernels_flag_names_itself_in_its_error(tmp_path):
+    rc, _, err = ablate("grid", grid_file(tmp_path, "g"), "--kernels", "fast", "--dry-run")
+    assert rc == 2 and err.strip() == ("ablate grid: error: --kernels 'fast' is not a kernel backend; "
+                                       "valid: reference, triton, cuda, auto")

@@ -174,6 +174,10 @@ def run(args) -> int:
     _check_args(args)
     overrides = parse_overrides(args.set)
     if args.kernels is not None:
+        from ablate.kernels import CHOICES
+
+        if args.kernels not in CHOICES:
+            raise ConfigError(f"--kernels {args.kernels!r} is not a kernel backend; valid: {', '.join(CHOICES)}")
         overrides.update(parse_overrides([f"kernels={args.kernels}"]))
     grid = load_grid(args.grid, args.scale, overrides)
     out = args.out or Path("runs") / (grid.name if args.scale == DEFAULT_SCALE else f"{grid.name}-{args.scale}")
