@@ -14,7 +14,8 @@ from typing import Any, Mapping
 from ablate.errors import ConfigError
 from ablate.kernels import CHOICES as KERNEL_CHOICES
 from ablate.sizes import SIZES, ModelSize, get_size
-from variants import AXES, VariantError, VariantSpec, make_variant, parse_variant
+from variants import AXES, VariantError, VariantSpec, make_variant
+from variants.spec import parse_variant_given
 
 SCHEDULES = ("constant", "cosine")
 DEVICES = ("auto", "cpu", "cuda")
@@ -77,23 +78,34 @@ OPTION_NAMES = tuple(f.name for f in fields(TrainConfig))
 _TYPES = {f.name: f.type for f in fields(TrainConfig)}
 
 
-def resolve_variant(variant: str, axes: Mapping[str, Any]) -> VariantSpec:
-    base = parse_variant(variant)
+def resolve_variant(variant: str, axes: Mapping[str, Any], strict: bool = False) -> VariantSpec:
+    """The spec for `variant` with the per-axis options `axes` (None = not given) over it.
+
+    Lenient by default: a grid crossing `act` with a gated MLP collapses rather than failing.
+    `strict` refuses, as `--variant mlp=swiglu,act=relu` is refused, an axis that was asked
+    for (in `axes`, or written out in `variant` as axis=value) but that the block would
+    ignore. A preset's or an id's own values are only implied, so overriding them is fine:
+    `--variant gpt2 --mlp swiglu` drops gpt2's act, `--variant llama --act relu` is refused.
+    """
+    base, written = parse_variant_given(variant)
     overrides = {k: v for k, v in axes.items() if v is not None}
     if not overrides:
         return base
-    # A grid axis over `act` crossed with a gated MLP collapses rather than failing.
-    merged = {**base.axes(), **overrides}
-    merged = {k: v for k, v in merged.items() if v is not None}
-    return make_variant(strict=False, **merged)
+    return make_variant(strict=strict, implied=base.axes(), **{**written, **overrides})
 
 
 def coerce_option(key: str, value: Any) -> Any:
     kind = _TYPES[key]
-    if value is None or (isinstance(value, str) and value.lower() in ("none", "null") and "None" in kind):
-        if "None" in kind:
+    optional = "None" in kind
+    if value is None:
+        if optional:
             return None
         raise ConfigError(f"{key} cannot be empty")
+    # "none"/"null" mean "not set" for an optional option (`--seq-len none`: the size's
+    # context), but for a variant axis "none" is a value (norm=none: no norms), so an axis
+    # is left unset only by leaving it out.
+    if optional and key not in AXES and isinstance(value, str) and value.strip().lower() in ("none", "null"):
+        return None
     try:
         if kind.startswith("int"):
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
@@ -118,7 +130,7 @@ def coerce_option(key: str, value: Any) -> Any:
     return str(value)
 
 
-def _check(cfg: TrainConfig) -> None:
+def _check(cfg: TrainConfig, strict: bool) -> None:
     def need(ok: bool, message: str) -> None:
         if not ok:
             raise ConfigError(message)
@@ -146,18 +158,22 @@ def _check(cfg: TrainConfig) -> None:
     need(cfg.threads is None or cfg.threads >= 1, f"threads {cfg.threads} must be at least 1")
     need(cfg.data is None or os.path.exists(cfg.data), f"data path {cfg.data!r} does not exist; valid: a text file, a folder of text files, or an llm.c .bin shard")
     try:
-        cfg.spec  # noqa: B018  (validates the variant and its axes together)
+        resolve_variant(cfg.variant, {k: getattr(cfg, k) for k in AXES}, strict=strict)
     except VariantError as e:
         raise ConfigError(str(e)) from None
 
 
-def resolve(options: Mapping[str, Any]) -> TrainConfig:
-    """Validate a flat mapping of option names to values (strings allowed) into a config."""
+def resolve(options: Mapping[str, Any], strict: bool = True) -> TrainConfig:
+    """Validate a flat mapping of option names to values (strings allowed) into a config.
+
+    The options describe one run, so by default a variant axis given but ignored by the
+    block is refused (`strict`, see resolve_variant); a grid resolves its crossings with
+    strict=False, where such an axis collapses the crossing into one cell instead."""
     unknown = sorted(set(options) - set(OPTION_NAMES))
     if unknown:
         raise ConfigError(f"unknown option {unknown[0]!r}; valid: {', '.join(OPTION_NAMES)}")
     cfg = TrainConfig(**{k: coerce_option(k, v) for k, v in options.items()})
-    _check(cfg)
+    _check(cfg, strict)
     return cfg
 
 
@@ -167,13 +183,31 @@ def _fmt(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def group_id(cfg: TrainConfig, id_keys: tuple[str, ...] | list[str] = ()) -> str:
-    """The cell id without its seed: the runs that statistics pool across seeds."""
+def _is_default(cfg: TrainConfig, key: str) -> bool:
+    """Whether option `key` has the value it would have had if left out: the size's
+    context and depth for seq_len and layers, the TrainConfig default for the rest."""
+    value = getattr(cfg, key)
+    if key == "seq_len":
+        return value is None or value == get_size(cfg.model).context
+    if key == "layers":
+        return value is None or value == get_size(cfg.model).n_layer
+    return value == TrainConfig.__dataclass_fields__[key].default
+
+
+def group_id(cfg: TrainConfig, id_keys: tuple[str, ...] | list[str] = (), keep_defaults: bool = False) -> str:
+    """The cell id without its seed: the runs that statistics pool across seeds.
+
+    An id key whose value is the one it would have had anyway is left out, so that
+    `--seq-len 64` on tiny (context 64) names the same run as leaving it out and finds it
+    finished. A grid passes keep_defaults: its cells are named by every option that varies
+    across them, default value or not (`..__warmup=0__..` next to `..__warmup=100__..`).
+    """
     parts = [cfg.spec.id]
     for key in sorted(set(id_keys) - set(AXES) - {"seed", "variant"}):
-        parts.append(f"{key}={_fmt(getattr(cfg, key))}")
+        if keep_defaults or not _is_default(cfg, key):
+            parts.append(f"{key}={_fmt(getattr(cfg, key))}")
     return "__".join(parts)
 
 
-def cell_id(cfg: TrainConfig, id_keys: tuple[str, ...] | list[str] = ()) -> str:
-    return f"{group_id(cfg, id_keys)}__seed={cfg.seed}"
+def cell_id(cfg: TrainConfig, id_keys: tuple[str, ...] | list[str] = (), keep_defaults: bool = False) -> str:
+    return f"{group_id(cfg, id_keys, keep_defaults)}__seed={cfg.seed}"

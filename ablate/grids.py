@@ -26,13 +26,13 @@ from __future__ import annotations
 import itertools
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
 from ablate.cell import Cell
-from ablate.config import OPTION_NAMES, TrainConfig, coerce_option, resolve
+from ablate.config import OPTION_NAMES, TrainConfig, cell_id, coerce_option, group_id, resolve
 from ablate.errors import ConfigError
 from variants import AXES, VariantError, parse_variant
 
@@ -318,6 +318,9 @@ def load_grid(grid: str | Path, scale: str = DEFAULT_SCALE, overrides: Mapping[s
     overrides = dict(overrides or {})
 
     # Each table's values alone must make a valid config, so an error names its table and key.
+    # [base] and --set apply to every cell, so a variant axis that their block would ignore
+    # is refused as in `ablate train`; the axes, includes and excludes are crossings
+    # (strict=False), where such an axis collapses the crossing instead.
     try:
         resolve(base)
     except ConfigError as e:
@@ -325,19 +328,19 @@ def load_grid(grid: str | Path, scale: str = DEFAULT_SCALE, overrides: Mapping[s
     for key, values in axes.items():
         for value in values:
             try:
-                resolve({**base, key: value})
+                resolve({**base, key: value}, strict=False)
             except ConfigError as e:
                 raise _fail(source, "[axes]", str(e)) from None
     for i, entry in enumerate(include):
         for combo in _cross(entry):
             try:
-                resolve({**base, **combo})
+                resolve({**base, **combo}, strict=False)
             except ConfigError as e:
                 raise _fail(source, f"[[include]][{i}]", str(e)) from None
     for i, entry in enumerate(exclude):
         for key, value in entry.items():
             try:
-                resolve({**base, key: value})
+                resolve({**base, key: value}, strict=False)
             except ConfigError as e:
                 raise _fail(source, f"[[exclude]][{i}]", str(e)) from None
     try:
@@ -352,7 +355,7 @@ def load_grid(grid: str | Path, scale: str = DEFAULT_SCALE, overrides: Mapping[s
     for combo in itertools.product(*(axes[k] for k in keys)):
         options = {**base, **dict(zip(keys, combo))}
         try:
-            cfg = resolve(options)
+            cfg = resolve(options, strict=False)
         except ConfigError as e:
             refused.append(f"{_describe(dict(zip(keys, combo)))}: {' '.join(str(e).split())}")
             continue
@@ -370,7 +373,7 @@ def load_grid(grid: str | Path, scale: str = DEFAULT_SCALE, overrides: Mapping[s
     for options in candidates:
         options = {**options, **overrides}
         try:
-            cfg = resolve(options)
+            cfg = resolve(options, strict=False)
         except ConfigError as e:  # an override contradicting a crossing
             refused.append(f"{_describe(_diff(options, base))}: {' '.join(str(e).split())}")
             continue
@@ -381,7 +384,11 @@ def load_grid(grid: str | Path, scale: str = DEFAULT_SCALE, overrides: Mapping[s
             for key in AXES:
                 if key in options:
                     options[key] = spec_axes[key]
-            cfg = resolve(options)
+            cfg = resolve(options, strict=False)
+        try:
+            resolve(options)  # as one run: how the cell is resolved again when it trains
+        except ConfigError:  # an axis written in `variant` (act=relu) that the crossing dropped
+            options["variant"] = cfg.spec.id
         ident = _identity(cfg)
         if ident in seen:
             duplicates.append((described, str(seen[ident])))
@@ -408,6 +415,10 @@ def load_grid(grid: str | Path, scale: str = DEFAULT_SCALE, overrides: Mapping[s
         cell_axes.update({k: _effective(cfg, k) for k in varying_options})
         cell_axes["seed"] = cfg.seed
         cell = Cell.from_options(options, id_keys=varying_options, axes=cell_axes, grid=raw["name"])
+        # Named by every option that varies in the grid, default values included: a train run
+        # leaves `warmup=0` out of its id, but a grid crossing warmup 0 and 100 names both.
+        cell = replace(cell, id=cell_id(cfg, varying_options, keep_defaults=True),
+                       group=group_id(cfg, varying_options, keep_defaults=True))
         if "/" in cell.id or cell.id.startswith("."):
             raise _fail(source, "", f"cell id {cell.id!r} is not a folder name (an option that varies has a "
                                     "'/' in its value); valid: vary options whose values have no '/'")

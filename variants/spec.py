@@ -54,17 +54,20 @@ def parse_bool(value: Any) -> bool:
     raise VariantError(f"residual {value!r} is not a boolean; valid: true, false")
 
 
-def make_variant(strict: bool = True, **axes: Any) -> VariantSpec:
-    """Build a spec from axis values, defaults for the rest.
+def make_variant(strict: bool = True, implied: Mapping[str, Any] | None = None, **axes: Any) -> VariantSpec:
+    """Build a spec from axis values, `implied` values for the axes not given (None = the
+    default), and defaults for the rest.
 
     `strict` refuses values that the other axes make meaningless (an `act` given with a
     gated MLP, a `norm_type` with `norm=none`); a grid expands with strict=False so that
-    such crossings collapse into one cell instead of failing.
+    such crossings collapse into one cell instead of failing. Strictness holds the caller
+    to `axes` only: `implied` is where they start from (a preset's values), so overriding a
+    preset's `mlp` may drop the preset's `act`, but an `act` given in `axes` may not be dropped.
     """
     unknown = sorted(set(axes) - set(AXES))
     if unknown:
         raise VariantError(f"unknown variant axis {unknown[0]!r}; valid: {', '.join(AXES)}")
-    values = {**DEFAULTS, **axes}
+    values = {**DEFAULTS, **{k: v for k, v in (implied or {}).items() if v is not None}, **axes}
     placement = PLACEMENTS.get(values["norm"])
     mlp = MLPS.get(values["mlp"])
     residual = parse_bool(values["residual"])
@@ -115,21 +118,30 @@ def _from_id(text: str) -> VariantSpec:
 def parse_variant(text: str) -> VariantSpec:
     """Parse a preset name (`gpt2`), an id (`post.layernorm.relu.dense.res`) or axis
     assignments (`norm=post,act=relu`)."""
+    return parse_variant_given(text)[0]
+
+
+def parse_variant_given(text: str) -> tuple[VariantSpec, dict[str, str]]:
+    """parse_variant, and the axes that `text` writes out as axis=value (none for a preset
+    or an id): those are asked for explicitly, a preset's or an id's values only implied."""
     text = text.strip()
     if not text:
         raise VariantError("empty variant; valid: a preset (" + ", ".join(PRESETS) + "), an id, or axis=value,...")
     if "=" in text:
-        axes = {}
+        axes: dict[str, str] = {}
         for item in text.split(","):
             key, sep, value = item.partition("=")
-            if not sep or not key.strip():
+            key = key.strip()
+            if not sep or not key:
                 raise VariantError(f"variant item {item!r} is not axis=value; valid axes: {', '.join(AXES)}")
-            axes[key.strip()] = value.strip()
-        return make_variant(**axes)
+            if key in axes:  # the last one silently winning would hide a typo
+                raise VariantError(f"variant {text!r} gives {key} twice; valid: each axis at most once")
+            axes[key] = value.strip()
+        return make_variant(**axes), axes
     if text in PRESETS:
-        return PRESETS.get(text)
+        return PRESETS.get(text), {}
     if "." in text:
-        return _from_id(text)
+        return _from_id(text), {}
     raise VariantError(
         f"unknown variant {text!r}; valid: a preset ({', '.join(PRESETS)}), an id such as "
         f"{VariantSpec().id!r}, or axis=value,... with axes {', '.join(AXES)}"
