@@ -232,7 +232,7 @@ def test_malformed_grid_files_exit_2_naming_file_key_and_choices(tmp_path, capsy
     (["mission", "--set", "stepz=3"], "unknown key 'stepz'; valid:"),
     (["mission", "--set", "steps"], "not KEY=VALUE"),
     (["mission", "--set", "steps=-1"], "steps -1 must be at least 1"),
-    (["mission", "--kernels", "fast"], "unknown kernels 'fast'; valid: reference"),
+    (["mission", "--kernels", "fast"], "--kernels 'fast' is not a kernel backend; valid: reference"),
     (["mission", "--workers", "-1"], "--workers -1 must be 0 or more"),
     (["mission", "--backend", "ray", "--workers", "2"], "--workers is for --backend local"),
     ([], "missing GRID"),
