@@ -25,11 +25,18 @@ class Cell:
     group: str
     axes: dict[str, Any] = field(default_factory=dict)
     grid: str | None = None
+    # The option names the user set (None: all of `options`). A scheduler adds `threads` per
+    # worker later; unlike a user's --threads, that yields to the count a run started with.
+    given: frozenset[str] | None = None
 
     @classmethod
     def from_options(cls, options: dict[str, Any], id_keys=(), axes=None, grid=None) -> "Cell":
         cfg = resolve(options)  # raises ConfigError on anything invalid
-        return cls(dict(options), cell_id(cfg, id_keys), group_id(cfg, id_keys), dict(axes or {}), grid)
+        return cls(dict(options), cell_id(cfg, id_keys), group_id(cfg, id_keys), dict(axes or {}), grid,
+                   frozenset(options))
+
+    def is_given(self, option: str) -> bool:
+        return option in (self.options if self.given is None else self.given)
 
 
 @dataclass
@@ -41,18 +48,23 @@ class CellOutcome:
 
 def run_cell(cell: Cell, out_root: str | Path, retries: int = 0, quiet: bool = True) -> CellOutcome:
     """Train `cell` under `out_root/<cell.id>/`, retrying a Python error `retries` times
-    before recording status `failed`. Divergence is a result and is never retried."""
-    from ablate.train import train  # heavy imports (torch) only when a cell really runs
+    before recording status `failed`. Divergence is a result and is never retried.
+    A run directory holding a run of another config is refused (ConfigError), finished or not."""
+    from ablate.train import check_existing_run, plan_run, train  # heavy imports (torch) only when needed
 
     run_dir = Path(out_root) / cell.id
     if (run_dir / SUMMARY).exists():
-        return CellOutcome(cell.id, "skipped", read_json(run_dir / SUMMARY))
+        return _finished(cell, run_dir)
+    # Everything that can refuse the cell is checked before the lock creates its folder, so a
+    # refused cell leaves nothing behind. (train plans again: its signature is (cell, run_dir,
+    # quiet) for every caller, and planning costs little next to training.)
+    check_existing_run(cell, run_dir, plan_run(cell))
     lock = CellLock(run_dir)
     if not lock.acquire():
         return CellOutcome(cell.id, "busy", None)
     try:
         if (run_dir / SUMMARY).exists():  # finished while we waited for the lock
-            return CellOutcome(cell.id, "skipped", read_json(run_dir / SUMMARY))
+            return _finished(cell, run_dir)
         for attempt in range(retries + 1):
             try:
                 return CellOutcome(cell.id, "trained", train(cell, run_dir, quiet=quiet))
@@ -72,3 +84,12 @@ def run_cell(cell: Cell, out_root: str | Path, retries: int = 0, quiet: bool = T
     finally:
         lock.release()
     raise AssertionError("unreachable")
+
+
+def _finished(cell: Cell, run_dir: Path) -> CellOutcome:
+    """A finished cell is never run again, but it only stands in for the run asked for when
+    it is that run: a finished run of other data or settings is refused, not handed back."""
+    from ablate.train import check_existing_run
+
+    check_existing_run(cell, run_dir)
+    return CellOutcome(cell.id, "skipped", read_json(run_dir / SUMMARY))

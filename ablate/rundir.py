@@ -5,7 +5,7 @@ import fcntl
 import json
 import math
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
     """Write to a temporary file in the same folder, fsync, then rename over `path`:
     a reader sees the old file or the new one, never half of one."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _create_temporary(path)
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2, allow_nan=False)
@@ -32,8 +32,20 @@ def write_json_atomic(path: Path, data: Any) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+
+
+def _create_temporary(path: Path) -> tuple[int, Path]:
+    """A new file next to `path`, opened for writing. Not tempfile.mkstemp: that creates mode
+    0600, and results on a shared machine must be readable by others like any other file
+    (0666 less the umask, which the kernel applies to this open)."""
+    while True:
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:  # a name another writer drew: draw again
+            continue
 
 
 def read_json(path: Path) -> Any:

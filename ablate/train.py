@@ -13,8 +13,9 @@ import os
 import signal
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import jsonlines
 import torch
@@ -28,6 +29,8 @@ from ablate.probes import Probes
 from ablate.provenance import git_commit, versions
 from ablate.rundir import CHECKPOINT, CONFIG, METRICS, SUMMARY, finite_or_none, read_json, write_json_atomic
 from ablate.schedule import lr_at
+from ablate.sizes import ModelSize
+from variants import AXES
 
 FINAL_LOSS_WINDOW = 10
 
@@ -37,12 +40,17 @@ class Interrupted(KeyboardInterrupt):
     Not an Exception: an interrupted run is neither failed nor retried."""
 
 
-def pick_device(cfg: TrainConfig) -> torch.device:
+def requested_device(cfg: TrainConfig) -> torch.device:
+    """The device `cfg` asks for, `auto` resolved, whether or not this machine has it."""
     if cfg.device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(cfg.device)
+
+
+def pick_device(cfg: TrainConfig) -> torch.device:
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device 'cuda' requested but no CUDA device is available; valid here: cpu, auto")
-    return torch.device(cfg.device)
+    return requested_device(cfg)
 
 
 def autocast_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype | None:
@@ -51,15 +59,63 @@ def autocast_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype | None
     return None  # float32 on the CPU: bitwise-repeatable
 
 
-def run_config(cell, cfg: TrainConfig, model: GPT, data: TokenData, device, kernels: str) -> dict:
+@dataclass
+class RunPlan:
+    """A cell resolved for this machine: its config, device, precision, data and kernels."""
+
+    cfg: TrainConfig
+    device: torch.device
+    amp: torch.dtype | None
+    size: ModelSize
+    data: TokenData
+    ops: Any  # the kernel backend, `auto` resolved
+
+
+def _size_and_data(cfg: TrainConfig) -> tuple[ModelSize, TokenData]:
+    size = cfg.size
+    data = load_data(cfg.data, size.tokenizer, size.vocab_size)
+    if data.vocab_size != size.vocab_size:
+        size = replace(size, vocab_size=data.vocab_size)  # pre-tokenized shards bring their own vocabulary
+    return size, data
+
+
+def plan_run(cell) -> RunPlan:
+    """Resolve `cell` and check everything that could refuse it (options, device, data,
+    kernel backend) without writing anything, so a refused run leaves no trace."""
+    cfg = resolve(cell.options)
+    device = pick_device(cfg)
+    size, data = _size_and_data(cfg)
+    check_data_fits(data, cfg.context)
+    ops = get_backend(cfg.kernels, str(device))
+    return RunPlan(cfg, device, autocast_dtype(cfg, device), size, data, ops)
+
+
+def check_data_fits(data: TokenData, seq_len: int) -> None:
+    """Refuse data that the first batch or the first evaluation would fail on."""
+    name = repr(data.path) if data.path else "the default corpus"
+    for split in ("train", "val"):
+        arrays = getattr(data, split)
+        if not any(a.size > seq_len for a in arrays):  # a window needs seq_len + 1 tokens
+            tokens = sum(int(a.size) for a in arrays)
+            raise ConfigError(f"data {name}: its {split} split has {tokens} tokens, fewer than seq_len {seq_len} + 1; "
+                              "valid: more data (validation holds out the last 5% of a text) or a smaller seq_len")
+    if data.source == "shards":  # text is tokenized into the model's vocabulary; shards bring their own ids
+        top = max((int(a.max()) for a in data.train + data.val if a.size), default=0)
+        if top >= data.vocab_size:
+            raise ConfigError(f"data {name} holds token id {top}, outside the model's vocabulary of "
+                              f"{data.vocab_size}; valid: shards with token ids below {data.vocab_size}")
+
+
+def run_config(cell, cfg: TrainConfig, size: ModelSize, data: TokenData, device: torch.device, kernels: str,
+               params: int | None = None, threads: int | None = None) -> dict:
     spec = cfg.spec
     return {
         "cell_id": cell.id,
         "group": cell.group,
         "variant": {"id": spec.id, **spec.axes()},
-        "model": {**model.size.as_dict(), "params": sum(p.numel() for p in model.parameters())},
+        "model": {**size.as_dict(), "params": params},
         # Resolved values: the context, and the CPU threads in use (they fix the reductions' bits).
-        "train": {**cfg.as_dict(), "seq_len": cfg.context, "threads": cfg.threads or torch.get_num_threads()},
+        "train": {**cfg.as_dict(), "seq_len": cfg.context, "threads": threads},
         "seed": cfg.seed,
         "axes": cell.axes,
         "grid": cell.grid,
@@ -72,26 +128,103 @@ def run_config(cell, cfg: TrainConfig, model: GPT, data: TokenData, device, kern
     }
 
 
-def _identity(config: dict) -> dict:
-    """The parts of config.json that must match for a run directory to be resumed."""
-    train = {k: v for k, v in config["train"].items() if k not in ("threads",)}
-    return {"variant": config["variant"], "model": config["model"], "train": train,
-            "seed": config["seed"], "data": config["data"]["fingerprint"], "kernels": config["kernels"]}
+# Options that change neither a run's numbers nor what it logs: any value continues or reuses
+# a run directory. (`threads` does change the bits on the CPU: _threads_for decides it.)
+NOT_IDENTITY = ("threads", "checkpoint_every")
+# Options compared by what they resolve to rather than as spelled: `--variant post-ln` and
+# `--norm post` are one variant, `auto` is whatever it picked, the data is its token stream.
+RESOLVED = ("variant", *AXES, "layers", "data", "kernels", "device", "dtype")
 
 
-def _check_same_run(run_dir: Path, config: dict) -> None:
-    old = read_json(run_dir / CONFIG)
-    a, b = _identity(old), _identity(config)
-    if a != b:
-        diff = next(k for k in a if a[k] != b[k])
-        raise ConfigError(f"{run_dir} holds a run with a different {diff}; use another --out or remove that directory")
+def _identity(config: dict) -> dict[str, Any]:
+    """What must match for a run directory to hold the run a command asks for: every option
+    that changes the numbers or what is logged, named as on the command line."""
+    train = config.get("train", {})
+    ident = {k: v for k, v in train.items() if k not in NOT_IDENTITY + RESOLVED}
+    resolved = {"variant": config.get("variant", {}).get("id"), "layers": config.get("model", {}).get("n_layer"),
+                "data": config.get("data", {}).get("fingerprint"), "kernels": config.get("kernels"),
+                "device": config.get("device"), "dtype": config.get("dtype")}
+    ident.update({k: v for k, v in resolved.items() if v is not None})  # a key an older config lacks is not compared
+    return ident
 
 
-def _keep_metrics_before(path: Path, step: int) -> None:
-    """Drop metrics lines from steps at or after `step` (written after the checkpoint we
-    resume from), and a last line cut short by a crash, so each step is logged once."""
+def _shown(config: dict, key: str) -> str:
+    """An identity value as the user would recognise it."""
+    if key == "data":
+        data = config["data"]
+        return f"{data.get('path')!r} ({str(data.get('fingerprint'))[:19]})"
+    return repr(_identity(config)[key])
+
+
+def _read_config(run_dir: Path) -> dict | None:
+    """The run directory's config.json, None when there is none."""
+    path = run_dir / CONFIG
     if not path.exists():
+        return None
+    try:
+        config = read_json(path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path} cannot be read ({type(e).__name__}); valid: remove {run_dir} to start that run again") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path} is not a run's config; valid: remove {run_dir} to start that run again")
+    return config
+
+
+def _refuse_another_run(run_dir: Path, old: dict, new: dict) -> None:
+    a, b = _identity(old), _identity(new)
+    differ = [k for k in b if k in a and a[k] != b[k]]
+    if differ:
+        was = ", ".join(f"{k}={_shown(old, k)}" for k in differ)
+        now = ", ".join(f"{k}={_shown(new, k)}" for k in differ)
+        raise ConfigError(f"{run_dir} holds a run with a different training config ({was}), but this command "
+                          f"asks for {now}; valid: the run's own options, another --out, or remove that folder")
+
+
+def _threads_for(cell, cfg: TrainConfig, old: dict | None, run_dir: Path) -> int:
+    """The CPU threads to train with. Results repeat bit for bit only at one thread count, so
+    a run keeps the count it started with; asking for another one explicitly is refused.
+    (A scheduler's per-worker count is not the user's request: Cell.is_given tells them apart.)"""
+    recorded = (old or {}).get("train", {}).get("threads")
+    if recorded is None:
+        return cfg.threads or torch.get_num_threads()
+    if cfg.threads is not None and cfg.threads != recorded and cell.is_given("threads"):
+        raise ConfigError(f"{run_dir} holds a run trained with threads={recorded}, but this command asks for "
+                          f"threads={cfg.threads}, which would change its bits; valid: threads={recorded} or no "
+                          "threads option, another --out, or remove that folder")
+    return recorded
+
+
+def check_existing_run(cell, run_dir: str | Path, plan: RunPlan | None = None) -> None:
+    """Refuse (ConfigError, nothing written) when `run_dir` already holds a run of another
+    config than `cell` asks for. `plan` is the cell planned to train; without it, the run is
+    finished and only compared, so nothing is loaded or built that running would need."""
+    run_dir = Path(run_dir)
+    old = _read_config(run_dir)
+    if old is None:
         return
+    if plan is not None:
+        cfg, size, data, device, kernels = plan.cfg, plan.size, plan.data, plan.device, plan.ops.name
+    else:
+        cfg = resolve(cell.options)
+        size, data = _size_and_data(cfg)
+        device = requested_device(cfg)  # a finished cpu run and `--device cuda` differ even where no GPU is
+        kernels = cfg.kernels
+        if kernels == "auto":
+            # The same request: `auto` may pick another backend on another machine, but a
+            # finished run is not run again to find out. Otherwise resolve it as a run would.
+            from ablate.kernels.select import pick_auto
+
+            kernels = old.get("kernels") if old.get("train", {}).get("kernels") == "auto" else pick_auto(str(device))
+    _refuse_another_run(run_dir, old, run_config(cell, cfg, size, data, device, kernels))
+    _threads_for(cell, cfg, old, run_dir)
+
+
+def _keep_metrics_before(path: Path, step: int) -> list[float]:
+    """Drop metrics lines from steps at or after `step` (written after the checkpoint we
+    resume from), and a last line cut short by a crash, so each step is logged once.
+    Returns the losses of the last FINAL_LOSS_WINDOW rows kept, for final_loss."""
+    if not path.exists():
+        return []
     kept = []
     with open(path) as f:
         for line in f:
@@ -101,10 +234,11 @@ def _keep_metrics_before(path: Path, step: int) -> None:
                 break
             if row["step"] >= step:
                 break
-            kept.append(line if line.endswith("\n") else line + "\n")
+            kept.append((line if line.endswith("\n") else line + "\n", row["loss"]))
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(kept))
+    tmp.write_text("".join(line for line, _ in kept))
     os.replace(tmp, path)
+    return [loss for _, loss in kept[-FINAL_LOSS_WINDOW:]]
 
 
 def _save_checkpoint(path: Path, model, opt, step: int, state: dict) -> None:
@@ -160,24 +294,28 @@ def evaluate(model: GPT, data: TokenData, cfg: TrainConfig, device, amp) -> floa
 def train(cell, run_dir: str | Path, quiet: bool = True) -> dict:
     """Train (or resume) `cell` in `run_dir`; returns the summary it wrote."""
     run_dir = Path(run_dir)
-    cfg = resolve(cell.options)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    device = pick_device(cfg)
-    amp = autocast_dtype(cfg, device)
-    size = cfg.size
-    data = load_data(cfg.data, size.tokenizer, size.vocab_size)
-    if data.vocab_size != size.vocab_size:
-        size = replace(size, vocab_size=data.vocab_size)  # pre-tokenized shards bring their own vocabulary
-    ops = get_backend(cfg.kernels, str(device))
+    plan = plan_run(cell)
+    old = _read_config(run_dir)
+    threads = _threads_for(cell, plan.cfg, old, run_dir)
+    outer_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _train(cell, run_dir, plan, old, threads, quiet)
+    finally:
+        torch.set_num_threads(outer_threads)  # the next run in this process (a bench, a test) starts clean
+
+
+def _train(cell, run_dir: Path, plan: RunPlan, old: dict | None, threads: int, quiet: bool) -> dict:
+    cfg, device, amp, size, data = plan.cfg, plan.device, plan.amp, plan.size, plan.data
     torch.manual_seed(cfg.seed)  # the seed fixes the initial weights...
-    model = build_model(cfg.spec, size, ops, device)
+    model = build_model(cfg.spec, size, plan.ops, device)
     opt = make_optimizer(model, cfg, device)
-    config = run_config(cell, cfg, model, data, device, ops.name)
+    config = run_config(cell, cfg, size, data, device, plan.ops.name,
+                        params=sum(p.numel() for p in model.parameters()), threads=threads)
+    if old is not None:
+        _refuse_another_run(run_dir, old, config)
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    if (run_dir / CONFIG).exists():
-        _check_same_run(run_dir, config)
     write_json_atomic(run_dir / CONFIG, config)
 
     start, first_loss, elapsed = 0, None, 0.0
@@ -188,13 +326,14 @@ def train(cell, run_dir: str | Path, quiet: bool = True) -> dict:
         opt.load_state_dict(ckpt["optimizer"])
         torch.set_rng_state(ckpt["torch_rng"])
         start, first_loss, elapsed = ckpt["step"], ckpt["first_loss"], ckpt["elapsed"]
-    _keep_metrics_before(run_dir / METRICS, start)
+    # final_loss is the mean loss of the last FINAL_LOSS_WINDOW *logged* steps (runs/README.md),
+    # the same rows `ablate report` reads, so a resume carries over the ones logged before it.
+    recent = _keep_metrics_before(run_dir / METRICS, start)
 
     probes = Probes(model) if cfg.probes else None
     model.record_act_norms = cfg.probes
     forward = torch.compile(model) if cfg.compile else model
     tokens_per_step = cfg.batch_size * cfg.context
-    recent: list[float] = []
     status, diverged_at, val_loss, step = "completed", None, None, start - 1
     bar = _progress(cfg, start, quiet)
     clock0 = time.perf_counter() - elapsed  # time_s is wall-clock training time, resumes included
@@ -231,7 +370,7 @@ def train(cell, run_dir: str | Path, quiet: bool = True) -> dict:
                 log.write({"step": step, "tokens": (step + 1) * tokens_per_step, "loss": finite_or_none(loss_value),
                            "lr": lr, **metrics, "time_s": time.perf_counter() - clock0,
                            "tokens_per_s": tokens_per_step / dt})
-            recent = (recent + [loss_value])[-FINAL_LOSS_WINDOW:]
+                recent = (recent + [loss_value])[-FINAL_LOSS_WINDOW:]
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{tokens_per_step / dt:,.0f}")
@@ -242,7 +381,8 @@ def train(cell, run_dir: str | Path, quiet: bool = True) -> dict:
                 elapsed = time.perf_counter() - clock0
                 _save_checkpoint(ckpt_path, model, opt, step + 1, {"first_loss": first_loss, "elapsed": elapsed})
                 if signals:
-                    raise Interrupted(f"stopped by signal {signals[0]} after step {step}; rerun to resume")
+                    raise Interrupted(f"interrupted by {signal.Signals(signals[0]).name} after step {step}; "
+                                      f"checkpointed in {run_dir}: rerun the same command to resume")
     elapsed = time.perf_counter() - clock0
     if bar is not None:
         bar.close()

@@ -1,6 +1,7 @@
 """`ablate train`: one variant, one seed, one run directory."""
 from __future__ import annotations
 
+import os
 import sys
 import tomllib
 from pathlib import Path
@@ -39,15 +40,41 @@ def collect_options(args) -> tuple[dict, set[str]]:
     """Options from --config, then flags, then --set; and the names given explicitly."""
     options: dict = {}
     if args.config is not None:
-        try:
-            options.update(tomllib.loads(args.config.read_text()))
-        except FileNotFoundError:
-            raise ConfigError(f"config file {str(args.config)!r} does not exist") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"config file {str(args.config)!r} is not valid TOML: {e}") from None
+        options.update(_read_config_file(args.config))
     options.update({k: getattr(args, k) for k in OPTION_NAMES if getattr(args, k, None) is not None})
     options.update(parse_overrides(args.set))
     return options, set(options)
+
+
+def _read_config_file(path: Path) -> dict:
+    name = repr(str(path))
+    try:
+        return tomllib.loads(path.read_bytes().decode("utf-8"))  # TOML is UTF-8 by definition
+    except FileNotFoundError:
+        raise ConfigError(f"config file {name} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {name} is a folder; valid: a TOML file") from None
+    except OSError as e:
+        raise ConfigError(f"config file {name} cannot be read ({e.strerror}); valid: a readable TOML file") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {name} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
+                          f"{e.start}); valid: a UTF-8 TOML file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {name} is not valid TOML: {e}") from None
+
+
+def check_out(out: Path, run_dir: Path) -> None:
+    """Refuse an --out that cannot hold `run_dir` before anything is written: the nearest
+    part of the path that exists must be a folder this process can write in."""
+    for path in (run_dir, *run_dir.parents):
+        if not path.exists():
+            continue
+        if not path.is_dir():
+            raise ConfigError(f"--out {str(out)!r}: {str(path)!r} is a file, not a folder; "
+                              "valid: a folder, or a path that does not exist yet")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ConfigError(f"--out {str(out)!r}: cannot write in {str(path)!r}; valid: a folder you can write to")
+        return
 
 
 def add_arguments(p) -> None:
@@ -58,15 +85,27 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from ablate.cell import Cell, run_cell
-    from ablate.config import resolve
-    from ablate.data import load_data
+    from ablate.rundir import CHECKPOINT
 
     options, given = collect_options(args)
-    cfg = resolve(options)
-    load_data(cfg.data, cfg.size.tokenizer, cfg.size.vocab_size)  # bad data fails here, before any write
     cell = Cell.from_options(options, id_keys=[k for k in ID_OPTIONS if k in given])
-    result = run_cell(cell, args.out, retries=0, quiet=args.quiet)
     run_dir = args.out / cell.id
+    check_out(args.out, run_dir)
+    # run_cell checks the data, device and kernels, and any run already in run_dir, before it
+    # writes anything.
+    try:
+        result = run_cell(cell, args.out, retries=0, quiet=args.quiet)
+    except KeyboardInterrupt as e:
+        from ablate.train import Interrupted
+
+        if isinstance(e, Interrupted):  # stopped between steps, after writing a checkpoint
+            print(f"ablate train: {e}", file=sys.stderr)
+            return 130
+        if (run_dir / CHECKPOINT).exists():  # stopped before training got going again
+            print(f"ablate train: interrupted; {run_dir} keeps its checkpoint: rerun the same command to resume",
+                  file=sys.stderr)
+            return 130
+        raise
     s = result.summary or {}
     if result.outcome == "busy":
         print(f"{run_dir} is being trained by another process; nothing to do", file=sys.stderr)
