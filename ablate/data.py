@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import sysconfig
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import numpy as np
 import torch
 
 from ablate.errors import ConfigError
-from ablate.rundir import write_json_atomic
+from ablate.rundir import create_temporary, write_json_atomic
 
 MAGIC, VERSION, HEADER_INTS = 20240520, 1, 256
 VAL_FRACTION = 0.05
@@ -46,11 +45,15 @@ def write_shard(path: Path, tokens: np.ndarray) -> None:
     header[:3] = (MAGIC, VERSION, tokens.size)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-        f.write(header.tobytes())
-        f.write(tokens.astype(np.uint16).tobytes())
-    os.replace(tmp, path)
+    fd, tmp = create_temporary(path)  # mode 0666 less umask: a shared cache others can read
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(header.tobytes())
+            f.write(tokens.astype(np.uint16).tobytes())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_shard(path: Path) -> np.ndarray:
@@ -161,6 +164,7 @@ class TokenData:
     vocab_size: int
     fingerprint: str
     unigram_entropy: float | None = None  # nats/token of the token frequencies: the loss of a context-free model
+    max_token: int | None = None  # the largest token id (shards; tokenized text fits its vocabulary)
 
     def describe(self) -> dict:
         return {
@@ -194,11 +198,37 @@ class TokenData:
 
 
 def _fingerprint(arrays: list[np.ndarray]) -> str:
+    return _scan(arrays)[0]
+
+
+def _scan(arrays: list[np.ndarray]) -> tuple[str, int]:
+    """(sha256 fingerprint, largest token id) of token arrays, in one pass over them."""
     h = hashlib.sha256()
+    top = 0
     for a in arrays:
         for i in range(0, a.size, 1 << 24):
-            h.update(np.ascontiguousarray(a[i : i + (1 << 24)]).tobytes())
-    return "sha256:" + h.hexdigest()
+            chunk = np.ascontiguousarray(a[i : i + (1 << 24)])
+            h.update(chunk.tobytes())
+            top = max(top, int(chunk.max()))
+    return "sha256:" + h.hexdigest(), top
+
+
+def _shard_scan(files: list[Path], arrays: list[np.ndarray]) -> tuple[str, int]:
+    """_scan of llm.c shards, cached by their paths, sizes and mtimes: shards can hold billions
+    of tokens, and every run start (each cell of a grid) would otherwise read them all."""
+    meta_path = cache_root() / f"shards-{_listing_key(files, 'shards|v1')}.json"
+    try:
+        meta = json.loads(meta_path.read_text())
+        return meta["fingerprint"], int(meta["max_token"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    fingerprint, top = _scan(arrays)
+    try:
+        meta_path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(meta_path, {"fingerprint": fingerprint, "max_token": top})
+    except OSError:
+        pass  # a read-only cache only costs the scan next time
+    return fingerprint, top
 
 
 def unigram_entropy(tokens: np.ndarray) -> float:
@@ -248,8 +278,8 @@ def load_data(path: str | None, tokenizer: str, vocab_size: int) -> TokenData:
             val = [read_shard(s) for s in val_files]
         else:
             train, val = _split(train[-1]) if len(train) == 1 else (train[:-1], train[-1:])
-        fp = _fingerprint(train + val)
-        return TokenData(train, val, "shards", str(p), "pretokenized", max(vocab_size, 50257), fp)
+        fp, top = _shard_scan(train_files + val_files, train + val)
+        return TokenData(train, val, "shards", str(p), "pretokenized", max(vocab_size, 50257), fp, max_token=top)
     tokens, meta = _cached_tokens(_text_files(p), tokenizer, vocab_size, "text")
     train, val = _split(tokens)
     return TokenData(train, val, "text", str(p), tokenizer, vocab_size, meta["fingerprint"], meta.get("unigram_entropy"))

@@ -23,7 +23,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
     """Write to a temporary file in the same folder, fsync, then rename over `path`:
     a reader sees the old file or the new one, never half of one."""
     path = Path(path)
-    fd, tmp = _create_temporary(path)
+    fd, tmp = create_temporary(path)
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2, allow_nan=False)
@@ -36,7 +36,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
         raise
 
 
-def _create_temporary(path: Path) -> tuple[int, Path]:
+def create_temporary(path: Path) -> tuple[int, Path]:
     """A new file next to `path`, opened for writing. Not tempfile.mkstemp: that creates mode
     0600, and results on a shared machine must be readable by others like any other file
     (0666 less the umask, which the kernel applies to this open)."""

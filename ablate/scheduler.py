@@ -91,25 +91,14 @@ def write_grid_json(out_root: str | Path, record: dict[str, Any]) -> dict[str, A
 
 def check_existing_runs(cells: Iterable[Cell], configs: dict, out_root: str | Path) -> None:
     """Refuse up front (nothing written) when a cell's folder already holds a run of a
-    different config, e.g. a rerun with `--set steps=5` into a folder of 300-step runs."""
+    different config, e.g. a rerun with `--set steps=5` into a folder of 300-step runs. The
+    same comparison `ablate train` makes (ablate.train.check_existing_run): the variant by its
+    id, data by fingerprint, kernels, device and dtype as resolved."""
+    from ablate.train import check_existing_run
+
     for cell in cells:
-        path = Path(out_root) / cell.id / CONFIG
-        if not path.exists():
-            continue
-        try:
-            old = read_json(path)
-        except (OSError, ValueError):
-            continue  # train decides what to do with a damaged config.json
-        cfg = configs[cell.id]
-        new = {**cfg.as_dict(), "seq_len": cfg.context}
-        old_train = old.get("train", {})
-        for key in new:
-            if key in ("threads",) or key not in old_train:
-                continue
-            if old_train[key] != new[key]:
-                raise ConfigError(
-                    f"{path.parent} holds a run with {key}={old_train[key]!r}, but the grid now says "
-                    f"{key}={new[key]!r}; valid: the grid's original options, another --out, or remove that folder")
+        if (Path(out_root) / cell.id / CONFIG).exists():
+            check_existing_run(cell, Path(out_root) / cell.id)
 
 
 # ------------------------------------------------------------------------------ progress

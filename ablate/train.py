@@ -100,7 +100,8 @@ def check_data_fits(data: TokenData, seq_len: int) -> None:
             raise ConfigError(f"data {name}: its {split} split has {tokens} tokens, fewer than seq_len {seq_len} + 1; "
                               "valid: more data (validation holds out the last 5% of a text) or a smaller seq_len")
     if data.source == "shards":  # text is tokenized into the model's vocabulary; shards bring their own ids
-        top = max((int(a.max()) for a in data.train + data.val if a.size), default=0)
+        top = data.max_token if data.max_token is not None else max(
+            (int(a.max()) for a in data.train + data.val if a.size), default=0)
         if top >= data.vocab_size:
             raise ConfigError(f"data {name} holds token id {top}, outside the model's vocabulary of "
                               f"{data.vocab_size}; valid: shards with token ids below {data.vocab_size}")

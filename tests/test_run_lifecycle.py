@@ -326,3 +326,32 @@ def test_ctrl_c_says_how_to_resume(tmp_path):
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert "interrupted by SIGINT after step" in err and "rerun the same command to resume" in err
     assert (metrics.parent / "checkpoint.pt").exists()
+
+
+def test_token_cache_files_are_readable_by_others_and_shards_are_scanned_once(tmp_path, monkeypatch):
+    """The data cache is shared like results: its files get 0666 less the umask, not 0600. A
+    shard folder's fingerprint and largest token id are cached, not re-read at every run start."""
+    import numpy as np
+
+    from ablate import data as data_mod
+
+    monkeypatch.setenv("ABLATE_CACHE", str(tmp_path / "cache"))
+    old = os.umask(0o022)
+    try:
+        text = tmp_path / "corpus.txt"
+        text.write_text("hello world, " * 2000)
+        data_mod.load_data(str(text), "bytes", 256)
+        shard = tmp_path / "shards" / "data.bin"
+        data_mod.write_shard(shard, np.arange(5000, dtype=np.uint16) % 300)
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "cache").rglob("*") if p.is_file()}
+    assert modes and set(modes.values()) == {0o644}, modes
+    assert shard.stat().st_mode & 0o777 == 0o644
+
+    first = data_mod.load_data(str(shard.parent), "bytes", 256)
+    assert first.max_token == 299
+    scans = []
+    monkeypatch.setattr(data_mod, "_scan", lambda arrays: scans.append(1) or ("x", 0))
+    again = data_mod.load_data(str(shard.parent), "bytes", 256)
+    assert scans == [] and again.fingerprint == first.fingerprint and again.max_token == 299
