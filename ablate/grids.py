@@ -96,7 +96,8 @@ def find_grid(grid: str) -> Path:
     path = Path(grid)
     if path.suffix == ".toml" or path.exists() or "/" in grid:
         if not path.is_file():
-            raise ConfigError(f"grid file {grid!r} does not exist; valid: a TOML file or a shipped grid "
+            what = "is a folder, not a file" if path.is_dir() else "does not exist"
+            raise ConfigError(f"grid file {grid!r} {what}; valid: a TOML file or a shipped grid "
                               f"({', '.join(shipped_grids())})")
         return path
     shipped = shipped_grids()
