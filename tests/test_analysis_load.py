@@ -15,7 +15,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_a_grid_loads_into_one_row_per_cell_and_one_per_cell_and_step(tmp_path):
     a = write_run(tmp_path, "pre.layernorm.gelu.dense.res", 0, [4.0, 3.0, 2.0], options={"lr": 1e-3})
-    b = write_run(tmp_path, "post.layernorm.gelu.dense.res", 0, [4.0, 3.5], options={"lr": 3e-3}, n_layer=3)
+    b = write_run(tmp_path, "post.layernorm.gelu.dense.res", 0, [4.0, 3.5], options={"lr": 3e-3}, n_layer=3,
+                  planned_steps=3)  # both planned 3 steps: only lr (and the variant) differ
     write_grid(tmp_path, [a, b])
     runs = load_runs(tmp_path)
 
