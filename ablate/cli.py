@@ -10,7 +10,6 @@ import importlib
 import sys
 
 from ablate.errors import ConfigError
-from variants.registry import VariantError
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -37,25 +36,27 @@ def _command_module(name: str):
     return importlib.import_module(f"ablate.commands.{name}")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with `only`, the arguments of that command alone, so that `ablate
+    --help` or `ablate grid ...` does not import every command's dependencies (torch)."""
     parser = OneLineParser(prog="ablate", description="Transformer block ablation harness.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     for name, help_text in COMMANDS.items():
-        try:
-            module = _command_module(name)
-        except ModuleNotFoundError:
-            continue  # a command not built yet
         p = sub.add_parser(name, help=help_text, description=help_text)
-        module.add_arguments(p)
-        p.set_defaults(run=module.run)
+        if only is None or name == only:
+            module = _command_module(name)
+            module.add_arguments(p)
+            p.set_defaults(run=module.run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = argv[0] if argv and argv[0] in COMMANDS else ""  # "": no command given, or a bad one
+    args = build_parser(only=command).parse_args(argv)
     try:
         return int(args.run(args) or 0)
-    except (ConfigError, VariantError) as e:
+    except ConfigError as e:
         print(f"ablate {args.command}: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `ablate variants | head`
@@ -64,6 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"ablate {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        from variants.registry import VariantError  # imported by then: only a command raises it
+
+        if isinstance(e, VariantError):
+            print(f"ablate {args.command}: error: {e}", file=sys.stderr)
+            return 2
+        raise
 
 
 def main_entry() -> None:

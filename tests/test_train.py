@@ -223,6 +223,20 @@ def test_bad_flag_from_the_command_line_has_no_traceback(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_top_level_help_and_a_bad_command_import_no_command_and_no_torch():
+    """`ablate --help` answers at once: command modules (and torch) load only when named."""
+    code = ("import sys\nfrom ablate.cli import main\n"
+            "codes = []\n"
+            "for argv in (['--help'], ['bogus'], []):\n"
+            "    try:\n        codes.append(main(argv))\n"
+            "    except SystemExit as e:\n        codes.append(e.code)\n"
+            "print(codes, 'torch' in sys.modules, any(m.startswith('ablate.commands') for m in sys.modules))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == "[0, 2, 2] False False", p.stdout
+    assert "invalid choice: 'bogus'" in p.stderr
+
+
 def test_a_different_config_in_the_same_directory_is_refused(tmp_path, capsys):
     base = ["train", "--steps", "3", "--batch-size", "2", "--seq-len", "16", "--quiet", "--out", str(tmp_path)]
     assert main(base) == 0
