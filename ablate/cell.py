@@ -30,10 +30,12 @@ class Cell:
     given: frozenset[str] | None = None
 
     @classmethod
-    def from_options(cls, options: dict[str, Any], id_keys=(), axes=None, grid=None) -> "Cell":
+    def from_options(cls, options: dict[str, Any], id_keys=(), axes=None, grid=None,
+                     keep_defaults: bool = False) -> "Cell":
+        """keep_defaults: name the cell by every id key, also one at its default (see group_id)."""
         cfg = resolve(options)  # raises ConfigError on anything invalid
-        return cls(dict(options), cell_id(cfg, id_keys), group_id(cfg, id_keys), dict(axes or {}), grid,
-                   frozenset(options))
+        return cls(dict(options), cell_id(cfg, id_keys, keep_defaults), group_id(cfg, id_keys, keep_defaults),
+                   dict(axes or {}), grid, frozenset(options))
 
     def is_given(self, option: str) -> bool:
         return option in (self.options if self.given is None else self.given)
@@ -56,9 +58,9 @@ def run_cell(cell: Cell, out_root: str | Path, retries: int = 0, quiet: bool = T
     if (run_dir / SUMMARY).exists():
         return _finished(cell, run_dir)
     # Everything that can refuse the cell is checked before the lock creates its folder, so a
-    # refused cell leaves nothing behind. (train plans again: its signature is (cell, run_dir,
-    # quiet) for every caller, and planning costs little next to training.)
-    check_existing_run(cell, run_dir, plan_run(cell))
+    # refused cell leaves nothing behind; train uses the same plan.
+    plan = plan_run(cell)
+    check_existing_run(cell, run_dir, plan)
     lock = CellLock(run_dir)
     if not lock.acquire():
         return CellOutcome(cell.id, "busy", None)
@@ -67,7 +69,7 @@ def run_cell(cell: Cell, out_root: str | Path, retries: int = 0, quiet: bool = T
             return _finished(cell, run_dir)
         for attempt in range(retries + 1):
             try:
-                return CellOutcome(cell.id, "trained", train(cell, run_dir, quiet=quiet))
+                return CellOutcome(cell.id, "trained", train(cell, run_dir, quiet=quiet, plan=plan))
             except ConfigError:
                 raise  # the user's input, not the run, is wrong: nothing to record
             except Exception as e:  # noqa: BLE001  (any other error in a run is its result)

@@ -26,13 +26,13 @@ from __future__ import annotations
 import itertools
 import re
 import tomllib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
 from ablate.cell import Cell
-from ablate.config import OPTION_NAMES, TrainConfig, cell_id, coerce_option, group_id, resolve
+from ablate.config import OPTION_NAMES, TrainConfig, coerce_option, resolve
 from ablate.errors import ConfigError
 from variants import AXES, VariantError, parse_variant
 
@@ -415,11 +415,10 @@ def load_grid(grid: str | Path, scale: str = DEFAULT_SCALE, overrides: Mapping[s
         cell_axes = {k: cfg.spec.axes()[k] for k in varying_axes}
         cell_axes.update({k: _effective(cfg, k) for k in varying_options})
         cell_axes["seed"] = cfg.seed
-        cell = Cell.from_options(options, id_keys=varying_options, axes=cell_axes, grid=raw["name"])
         # Named by every option that varies in the grid, default values included: a train run
         # leaves `warmup=0` out of its id, but a grid crossing warmup 0 and 100 names both.
-        cell = replace(cell, id=cell_id(cfg, varying_options, keep_defaults=True),
-                       group=group_id(cfg, varying_options, keep_defaults=True))
+        cell = Cell.from_options(options, id_keys=varying_options, axes=cell_axes, grid=raw["name"],
+                                 keep_defaults=True)
         if "/" in cell.id or cell.id.startswith("."):
             raise _fail(source, "", f"cell id {cell.id!r} is not a folder name (an option that varies has a "
                                     "'/' in its value); valid: vary options whose values have no '/'")

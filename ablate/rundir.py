@@ -9,6 +9,8 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from ablate.errors import ConfigError
+
 CONFIG, METRICS, SUMMARY, CHECKPOINT, LOCK = "config.json", "metrics.jsonl", "summary.json", "checkpoint.pt", ".lock"
 
 
@@ -46,6 +48,21 @@ def create_temporary(path: Path) -> tuple[int, Path]:
             return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
         except FileExistsError:  # a name another writer drew: draw again
             continue
+
+
+def check_out_path(out: Path, target: Path) -> None:
+    """Refuse an --out that cannot hold `target` (itself or a folder below it) before anything
+    is written: the nearest part of the path that exists must be a folder we can write in."""
+    for path in (target, *target.parents):
+        if not path.exists():
+            continue
+        if not path.is_dir():
+            where = "" if path == out else f": {path}"
+            raise ConfigError(f"--out {out}{where} is a file, not a folder; valid: a folder, or a path that "
+                              "does not exist yet")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ConfigError(f"--out {out}: cannot write in {path}; valid: a folder you can write to")
+        return
 
 
 def read_json(path: Path) -> Any:

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable
 
 from ablate.cell import Cell, CellOutcome, run_cell
 from ablate.errors import ConfigError
-from ablate.rundir import CONFIG, SUMMARY, CellLock, read_json, write_json_atomic
+from ablate.rundir import SUMMARY, CellLock, read_json, write_json_atomic
 
 GRID_JSON, GRID_LOCK = "grid.json", ".grid.lock"
 FINISHED = ("completed", "diverged", "failed")
@@ -89,7 +89,7 @@ def write_grid_json(out_root: str | Path, record: dict[str, Any]) -> dict[str, A
     return data
 
 
-def check_existing_runs(cells: Iterable[Cell], configs: dict, out_root: str | Path) -> None:
+def check_existing_runs(cells: Iterable[Cell], out_root: str | Path) -> None:
     """Refuse up front (nothing written) when a cell's folder already holds a run of a
     different config, e.g. a rerun with `--set steps=5` into a folder of 300-step runs. The
     same comparison `ablate train` makes (ablate.train.check_existing_run): the variant by its
@@ -97,8 +97,7 @@ def check_existing_runs(cells: Iterable[Cell], configs: dict, out_root: str | Pa
     from ablate.train import check_existing_run
 
     for cell in cells:
-        if (Path(out_root) / cell.id / CONFIG).exists():
-            check_existing_run(cell, Path(out_root) / cell.id)
+        check_existing_run(cell, Path(out_root) / cell.id)  # a folder without config.json passes
 
 
 # ------------------------------------------------------------------------------ progress

@@ -292,10 +292,11 @@ def evaluate(model: GPT, data: TokenData, cfg: TrainConfig, device, amp) -> floa
     return total / cfg.eval_batches
 
 
-def train(cell, run_dir: str | Path, quiet: bool = True) -> dict:
-    """Train (or resume) `cell` in `run_dir`; returns the summary it wrote."""
+def train(cell, run_dir: str | Path, quiet: bool = True, plan: RunPlan | None = None) -> dict:
+    """Train (or resume) `cell` in `run_dir`; returns the summary it wrote. `plan`: the cell's
+    plan_run, when the caller has already made it."""
     run_dir = Path(run_dir)
-    plan = plan_run(cell)
+    plan = plan or plan_run(cell)
     old = _read_config(run_dir)
     threads = _threads_for(cell, plan.cfg, old, run_dir)
     outer_threads = torch.get_num_threads()

@@ -26,7 +26,7 @@ def write_grid(tmp_path, text, name="g.toml"):
     return path
 
 
-def _fake_train(cell, run_dir, quiet=True):
+def _fake_train(cell, run_dir, quiet=True, plan=None):
     """A trainer stand-in: records who ran it, fails or dies on marker option values."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

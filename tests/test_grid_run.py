@@ -143,10 +143,10 @@ def test_a_failing_cell_is_retried_then_recorded_and_the_grid_exits_1(tmp_path, 
 
     real = ablate.train.train
 
-    def flaky(cell, run_dir, quiet=True):
+    def flaky(cell, run_dir, quiet=True, plan=None):
         if cell.options["seed"] == 1:
             raise RuntimeError("injected failure")
-        return real(cell, run_dir, quiet)
+        return real(cell, run_dir, quiet, plan)
 
     monkeypatch.setattr(ablate.train, "train", flaky)
     path = write_grid(tmp_path, "seed = [0, 1, 2]\n")

@@ -8,7 +8,6 @@ Exit status: 0 when every cell ended completed or diverged (or runs in another p
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -131,12 +130,13 @@ def check_out(grid, out: Path) -> None:
     """Refuse, before anything is written, an --out that is a file or that holds another grid:
     two grids in one folder would overwrite each other's grid.json, and a report on the folder
     would pair cells trained under different settings."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file; valid: a folder, new or one holding this grid's runs")
+    from ablate.rundir import check_out_path, read_json
+
+    check_out_path(out, out)
     grid_json = out / "grid.json"
     if grid_json.is_file():
         try:
-            held = json.loads(grid_json.read_text()).get("name")
+            held = read_json(grid_json).get("name")
         except (OSError, ValueError, AttributeError):
             held = None  # a damaged grid.json is rewritten by the run
         if held and held != grid.name:
@@ -148,8 +148,6 @@ def check_local_devices(grid) -> None:
     """With local workers, a device or kernel backend this machine lacks is an input error for
     the whole grid (exit 2, nothing written), not a refusal per cell. (Ray and SLURM cells run
     elsewhere, so their machines decide.)"""
-    import torch
-
     from ablate.kernels import get_backend
     from ablate.train import pick_device
 
@@ -161,7 +159,7 @@ def check_local_devices(grid) -> None:
         seen.add(key)
         device = pick_device(cfg)
         if cfg.kernels in ("triton", "cuda"):  # `auto` always resolves to something that runs
-            get_backend(cfg.kernels, str(device) if device.type != "cuda" else f"cuda:{torch.cuda.current_device()}")
+            get_backend(cfg.kernels, str(device))  # as the cell's own plan_run will
 
 
 def run(args) -> int:
@@ -185,7 +183,7 @@ def run(args) -> int:
     from ablate import scheduler
 
     check_out(grid, out)
-    scheduler.check_existing_runs(grid.cells, grid.configs, out)
+    scheduler.check_existing_runs(grid.cells, out)
     if args.dry_run:
         return dry_run(grid, out)
     if args.backend == "local":
@@ -339,7 +337,7 @@ def run_grid(grid, out: Path | None = None, *, scale: str = "cpu", overrides: di
     out = Path(out) if out is not None else Path("runs") / (grid.name if grid.scale == DEFAULT_SCALE else f"{grid.name}-{grid.scale}")
     args = grid_args(**options)
     check_out(grid, out)
-    scheduler.check_existing_runs(grid.cells, grid.configs, out)
+    scheduler.check_existing_runs(grid.cells, out)
     if args.backend == "local":
         check_local_devices(grid)
         _preload_data(grid)

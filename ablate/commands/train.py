@@ -1,7 +1,6 @@
 """`ablate train`: one variant, one seed, one run directory."""
 from __future__ import annotations
 
-import os
 import sys
 import tomllib
 from pathlib import Path
@@ -63,20 +62,6 @@ def _read_config_file(path: Path) -> dict:
         raise ConfigError(f"config file {name} is not valid TOML: {e}") from None
 
 
-def check_out(out: Path, run_dir: Path) -> None:
-    """Refuse an --out that cannot hold `run_dir` before anything is written: the nearest
-    part of the path that exists must be a folder this process can write in."""
-    for path in (run_dir, *run_dir.parents):
-        if not path.exists():
-            continue
-        if not path.is_dir():
-            raise ConfigError(f"--out {str(out)!r}: {str(path)!r} is a file, not a folder; "
-                              "valid: a folder, or a path that does not exist yet")
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise ConfigError(f"--out {str(out)!r}: cannot write in {str(path)!r}; valid: a folder you can write to")
-        return
-
-
 def add_arguments(p) -> None:
     add_option_flags(p)
     p.add_argument("--out", type=Path, default=Path("runs/train"), help="output root (default runs/train)")
@@ -85,12 +70,12 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from ablate.cell import Cell, run_cell
-    from ablate.rundir import CHECKPOINT
+    from ablate.rundir import CHECKPOINT, check_out_path
 
     options, given = collect_options(args)
     cell = Cell.from_options(options, id_keys=[k for k in ID_OPTIONS if k in given])
     run_dir = args.out / cell.id
-    check_out(args.out, run_dir)
+    check_out_path(args.out, run_dir)
     # run_cell checks the data, device and kernels, and any run already in run_dir, before it
     # writes anything.
     try:
