@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ablate {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:
-        from variants.registry import VariantError  # imported by then: only a command raises it
+        from ablate.variants.registry import VariantError  # imported by then: only a command raises it
 
         if isinstance(e, VariantError):
             print(f"ablate {args.command}: error: {e}", file=sys.stderr)

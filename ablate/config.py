@@ -14,8 +14,8 @@ from typing import Any, Mapping
 from ablate.errors import ConfigError
 from ablate.kernels import CHOICES as KERNEL_CHOICES
 from ablate.sizes import SIZES, ModelSize, get_size
-from variants import AXES, VariantError, VariantSpec, make_variant
-from variants.spec import parse_variant_given
+from ablate.variants import AXES, VariantError, VariantSpec, make_variant
+from ablate.variants.spec import parse_variant_given
 
 SCHEDULES = ("constant", "cosine")
 DEVICES = ("auto", "cpu", "cuda")

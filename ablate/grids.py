@@ -34,7 +34,7 @@ from typing import Any, Mapping
 from ablate.cell import Cell
 from ablate.config import OPTION_NAMES, TrainConfig, coerce_option, resolve
 from ablate.errors import ConfigError
-from variants import AXES, VariantError, parse_variant
+from ablate.variants import AXES, VariantError, parse_variant
 
 TOP_KEYS = ("name", "description", "base", "axes", "include", "exclude", "scales")
 SCALE_KEYS = ("description", "base", "axes", "include", "exclude")
@@ -83,7 +83,7 @@ class Grid:
 
 
 def shipped_dir() -> Path:
-    return Path(str(resources.files("variants") / "grids"))
+    return Path(str(resources.files("ablate.variants") / "grids"))
 
 
 def shipped_grids() -> dict[str, Path]:

@@ -14,7 +14,7 @@ from torch import nn
 
 from ablate.kernels import get_backend
 from ablate.sizes import ModelSize
-from variants import MLPS, NORMS, PLACEMENTS, VariantSpec
+from ablate.variants import MLPS, NORMS, PLACEMENTS, VariantSpec
 
 
 class CausalSelfAttention(nn.Module):

@@ -30,7 +30,7 @@ from ablate.provenance import git_commit, versions
 from ablate.rundir import CHECKPOINT, CONFIG, METRICS, SUMMARY, finite_or_none, read_json, write_json_atomic
 from ablate.schedule import lr_at
 from ablate.sizes import ModelSize
-from variants import AXES
+from ablate.variants import AXES
 
 FINAL_LOSS_WINDOW = 10
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.baseline import Baseline, order_groups, resolve_baseline
-from analysis.load import Runs, load_runs
-from analysis.metrics import DEFAULT_LAST_K, DEFAULT_SPIKE_WINDOW, DEFAULT_SPIKE_Z, cell_metrics, layer_profiles
-from analysis.stats import (DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED, Comparison, group_stats,
+from ablate.analysis.baseline import Baseline, order_groups, resolve_baseline
+from ablate.analysis.load import Runs, load_runs
+from ablate.analysis.metrics import DEFAULT_LAST_K, DEFAULT_SPIKE_WINDOW, DEFAULT_SPIKE_Z, cell_metrics, layer_profiles
+from ablate.analysis.stats import (DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED, Comparison, group_stats,
                             paired_comparison)
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from analysis.load import DEFAULT_VARIANT_ID, RunsError
+from ablate.analysis.load import DEFAULT_VARIANT_ID, RunsError
 
 
 class UnknownBaseline(RunsError):

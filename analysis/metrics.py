@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.load import Runs, layer_columns
+from ablate.analysis.load import Runs, layer_columns
 
 PHASES = ("init", "mid", "end")
 DEFAULT_LAST_K = 10

@@ -28,8 +28,8 @@ from matplotlib.colors import LogNorm  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 from scipy import stats as scipy_stats  # noqa: E402
 
-from analysis.load import layer_columns  # noqa: E402
-from analysis.metrics import PHASES  # noqa: E402
+from ablate.analysis.load import layer_columns  # noqa: E402
+from ablate.analysis.metrics import PHASES  # noqa: E402
 
 PANEL_SIZE = (4.6, 3.2)  # inches per facet panel
 DIVERGED_COLOUR = "#d62728"

@@ -22,8 +22,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from analysis.load import Runs
-from analysis.stats import Interval, bootstrap_ci, paired_p_value
+from ablate.analysis.load import Runs
+from ablate.analysis.stats import Interval, bootstrap_ci, paired_p_value
 
 PLATEAU_MARGIN = 0.2
 ALPHA = 0.05

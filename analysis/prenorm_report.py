@@ -6,10 +6,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis import plots
-from analysis.analyse import Analysis
-from analysis.load import layer_columns
-from analysis.prenorm import (ALPHA, PLATEAU_MARGIN, PRE, POST, SettingVerdict, format_p, gap_sentences,
+from ablate.analysis import plots
+from ablate.analysis.analyse import Analysis
+from ablate.analysis.load import layer_columns
+from ablate.analysis.prenorm import (ALPHA, PLATEAU_MARGIN, PRE, POST, SettingVerdict, format_p, gap_sentences,
                               init_profiles, setting_verdicts, xiong_sentence)
 
 CLAIM = ("post-norm (the 2017 transformer) trains badly without learning-rate warmup at depth and a high "

@@ -15,10 +15,10 @@ from typing import Callable, Iterable, Union
 import numpy as np
 import pandas as pd
 
-from analysis import plots
-from analysis.analyse import Analysis, Settings, analyse
-from analysis.metrics import MAD_TO_STD
-from analysis.stats import divergence_sentence, format_p
+from ablate.analysis import plots
+from ablate.analysis.analyse import Analysis, Settings, analyse
+from ablate.analysis.metrics import MAD_TO_STD
+from ablate.analysis.stats import divergence_sentence, format_p
 
 REPORT, SUMMARY_CSV, CELLS_CSV, PLOTS_DIR = "report.md", "summary.csv", "cells.csv", "plots"
 LOSS_DIGITS = 4  # losses and their differences in the report table (summary.csv has full precision)

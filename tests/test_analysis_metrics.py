@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from synthetic_runs import write_run
 
-from analysis.load import load_runs
-from analysis.metrics import cell_metrics, layer_profiles, spike_mask, spread
+from ablate.analysis.load import load_runs
+from ablate.analysis.metrics import cell_metrics, layer_profiles, spike_mask, spread
 
 
 def test_final_loss_is_the_mean_of_the_last_k_logged_losses(tmp_path):

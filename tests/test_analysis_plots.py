@@ -4,8 +4,8 @@ import pytest
 from matplotlib.collections import QuadMesh
 from synthetic_runs import write_run
 
-from analysis.analyse import analyse
-from analysis.plots import (make_style, plot_final_loss, plot_grad_heatmaps, plot_grad_profiles, plot_loss_curves,
+from ablate.analysis.analyse import analyse
+from ablate.analysis.plots import (make_style, plot_final_loss, plot_grad_heatmaps, plot_grad_profiles, plot_loss_curves,
                             plot_residual_rms)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

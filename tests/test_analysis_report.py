@@ -8,8 +8,8 @@ import pytest
 from synthetic_runs import write_grid, write_run
 
 from ablate.cli import main
-from analysis.analyse import analyse
-from analysis.report import LOSS_DIGITS, OTHER_DIGITS, RESULT_COLUMNS, write_report
+from ablate.analysis.analyse import analyse
+from ablate.analysis.report import LOSS_DIGITS, OTHER_DIGITS, RESULT_COLUMNS, write_report
 
 PRE, POST = "pre.layernorm.gelu.dense.res", "post.layernorm.gelu.dense.res"
 RMS, SANDWICH, SWIGLU = "pre.rmsnorm.gelu.dense.res", "sandwich.layernorm.gelu.dense.res", "pre.layernorm.swiglu.res"

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 
-from analysis.stats import bootstrap_ci, group_stats, paired_comparison, welch_p_value
+from ablate.analysis.stats import bootstrap_ci, group_stats, paired_comparison, welch_p_value
 
 PRE, POST = "pre.layernorm.gelu.dense.res", "post.layernorm.gelu.dense.res"
 RMS, ONE = "pre.rmsnorm.gelu.dense.res", "pre.layernorm.swiglu.res"

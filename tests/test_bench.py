@@ -4,7 +4,7 @@ import torch
 from ablate.bench.plain_gpt import PlainGPT
 from ablate.model import build_model
 from ablate.sizes import get_size
-from variants import make_variant
+from ablate.variants import make_variant
 
 
 def test_plain_baseline_matches_the_harness_model_shape_for_shape():

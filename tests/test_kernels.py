@@ -26,8 +26,8 @@ from ablate.kernels.ops_base import ACTS, as_rows
 from ablate.kernels.reference import ReferenceBackend
 from ablate.model import build_model
 from ablate.sizes import get_size
-from variants import make_variant
-from variants.registry import ACTIVATIONS
+from ablate.variants import make_variant
+from ablate.variants.registry import ACTIVATIONS
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CUDA_DIR = Path(__file__).resolve().parents[1] / "ablate" / "kernels" / "cuda"

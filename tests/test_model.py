@@ -7,9 +7,9 @@ import torch
 from ablate.inspect_model import param_breakdown
 from ablate.model import build_model
 from ablate.sizes import get_size
-from variants import all_variants, make_variant
-from variants.mlps import gated_hidden
-from variants.placements import deepnorm_constants
+from ablate.variants import all_variants, make_variant
+from ablate.variants.mlps import gated_hidden
+from ablate.variants.placements import deepnorm_constants
 
 TINY = get_size("tiny")
 ALL = list(all_variants())
@@ -128,7 +128,7 @@ def test_final_norm_only_where_the_placement_needs_it():
 
 
 def test_gelu_is_the_tanh_approximation():
-    from variants.activations import gelu
+    from ablate.variants.activations import gelu
 
     x = torch.linspace(-6, 6, 1001, dtype=torch.float64)
     formula = 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from analysis.baseline import resolve_baseline
-from analysis.load import load_runs
+from ablate.analysis.baseline import resolve_baseline
+from ablate.analysis.load import load_runs
 from synthetic_runs import variant_axes, write_grid, write_run
 
 GRID = """name = "{name}"

@@ -6,10 +6,10 @@ import pytest
 
 from ablate.cli import main
 from ablate.grids import load_grid
-from analysis.analyse import analyse
-from analysis.prenorm import PLATEAU_MARGIN, Side, decide, gap_sentences, setting_verdicts
-from analysis.prenorm_report import verdict_section
-from analysis.stats import bootstrap_ci
+from ablate.analysis.analyse import analyse
+from ablate.analysis.prenorm import PLATEAU_MARGIN, Side, decide, gap_sentences, setting_verdicts
+from ablate.analysis.prenorm_report import verdict_section
+from ablate.analysis.stats import bootstrap_ci
 from tests.synthetic_runs import write_run
 
 PRE, POST = "pre.layernorm.gelu.dense.res", "post.layernorm.gelu.dense.res"

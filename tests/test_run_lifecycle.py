@@ -201,7 +201,7 @@ def test_triton_without_its_interpreter_leaves_no_folder_or_lock(tmp_path):
 
 
 def test_final_loss_is_the_mean_of_the_last_ten_logged_steps_across_a_resume(tmp_path, interrupt_at):
-    from analysis.metrics import final_loss
+    from ablate.analysis.metrics import final_loss
 
     args = ["--steps", "60", "--log-every", "5", "--checkpoint-every", "100"]
     assert main([*BASE, "--out", str(tmp_path / "ref"), *args]) == 0

@@ -253,7 +253,7 @@ def test_probes_equal_their_definitions():
     from ablate.model import build_model
     from ablate.probes import Probes
     from ablate.sizes import get_size
-    from variants import make_variant
+    from ablate.variants import make_variant
 
     torch.manual_seed(0)
     size = get_size("tiny")

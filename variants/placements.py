@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from variants.registry import PLACEMENTS
+from ablate.variants.registry import PLACEMENTS
 
 
 class Placement(nn.Module):

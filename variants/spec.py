@@ -6,7 +6,7 @@ import itertools
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator, Mapping
 
-from variants.registry import ACTIVATIONS, MLPS, NORMS, PLACEMENTS, PRESETS, VariantError
+from ablate.variants.registry import ACTIVATIONS, MLPS, NORMS, PLACEMENTS, PRESETS, VariantError
 
 AXES = ("norm", "norm_type", "act", "mlp", "residual")
 DEFAULTS: dict[str, Any] = {

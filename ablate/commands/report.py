@@ -22,9 +22,9 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     # analysis (pandas, scipy, matplotlib) is imported here so `ablate --help` stays fast.
-    from analysis.analyse import Settings, analyse
-    from analysis.load import RunsError
-    from analysis.report import write_report
+    from ablate.analysis.analyse import Settings, analyse
+    from ablate.analysis.load import RunsError
+    from ablate.analysis.report import write_report
 
     settings = Settings()
     if args.last_k is not None:

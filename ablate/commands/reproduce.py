@@ -71,10 +71,10 @@ def run(args) -> int:
 
 def write(out: Path) -> Path:
     """report.md with the verdict section on top, plus the experiment's own plots."""
-    from analysis.analyse import analyse
-    from analysis.prenorm import setting_verdicts
-    from analysis.prenorm_report import verdict_section, write_prenorm_plots
-    from analysis.report import write_report
+    from ablate.analysis.analyse import analyse
+    from ablate.analysis.prenorm import setting_verdicts
+    from ablate.analysis.prenorm_report import verdict_section, write_prenorm_plots
+    from ablate.analysis.report import write_report
 
     analysis = analyse(out)
     verdicts = setting_verdicts(analysis.metrics)  # once, for the section and the plots

@@ -4,7 +4,7 @@ from __future__ import annotations
 from ablate.inspect_model import param_breakdown
 from ablate.model import build_model
 from ablate.sizes import get_size
-from variants import PRESETS, all_variants
+from ablate.variants import PRESETS, all_variants
 
 
 def add_arguments(p) -> None:

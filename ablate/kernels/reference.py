@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from variants.registry import ACTIVATIONS
+from ablate.variants.registry import ACTIVATIONS
 
 
 class ReferenceBackend:
