@@ -1,81 +1,207 @@
-"""Training options: one table of names, types and defaults shared by the command line,
-config files and grid files, and the validation that turns them into a TrainConfig.
+"""Every option a run takes, declared once: name, type, default, help, valid values, and its
+role. The command line's flags, `--set`, config and grid files, the cell id, the check that
+refuses a run directory holding other settings, and config.json's `identity_keys` (which
+analysis reads as "the same settings") all derive from the declarations in `TrainConfig`.
 
-A cell is fully described by a TrainConfig; its id is the variant id plus the options
-that vary in its grid plus the seed, e.g. `post.layernorm.gelu.dense.res__lr=0.003__seed=1`.
+Roles:
+  experiment   defines the run: changes its numbers. Named in the cell id when given (or when it
+               varies in a grid), compared before a run directory is reused, and listed in
+               config.json `identity_keys`, so analysis pairs only cells equal in all of them.
+  observation  changes what is logged, not the numbers (log_every, probes, ...): compared before
+               a run directory is reused (its metrics must stay uniform), never in an id.
+  execution    how a run executes (threads, device, kernels, compile, checkpointing): never in an
+               id; device, kernels and compile are compared as resolved because they change the
+               last bits, threads has its own rule (ablate.train), checkpoint_every none.
+
+A cell id is the variant id plus the experiment options that vary in its grid (or that an
+`ablate train` was given away from their defaults) plus the seed, e.g.
+`post.layernorm.gelu.dense.res__lr=0.003__seed=1`.
 """
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from functools import cached_property
+from typing import Any, Callable, Mapping
 
 from ablate.errors import ConfigError
 from ablate.kernels import CHOICES as KERNEL_CHOICES
 from ablate.sizes import SIZES, ModelSize, get_size
-from ablate.variants import AXES, VariantError, VariantSpec, make_variant
-from ablate.variants.spec import parse_variant_given
+from ablate.variants import (ACTIVATIONS, AXES, INITS, MLPS, NORMS, OPTIMIZERS, PLACEMENTS, SCHEDULES, VariantError,
+                             VariantSpec, make_variant)
+from ablate.variants.spec import QK_NONE, parse_variant_given
 
-SCHEDULES = ("constant", "cosine")
+EXPERIMENT, OBSERVATION, EXECUTION = "experiment", "observation", "execution"
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16")
+MAX_SEED = 2**63 - 1  # torch.manual_seed and numpy's generators take 64-bit seeds
+MAX_TOKENS_PER_STEP = 2**24  # far beyond one device's step; a larger batch is a typo, not a plan
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option's declaration (see the module docstring for the roles)."""
+
+    name: str
+    kind: type  # int, float, str or bool
+    optional: bool  # None is a value ("not set": the size's context, the placement's init, ...)
+    default: Any
+    help: str
+    role: str
+    choices: Callable[[], list[str]] | None  # the valid values, from a registry where there is one
+    check: Callable[[Any], str | None] | None  # a range check: an error (what is valid) or None
+    applies: tuple[str, tuple[str, ...]] | None  # (option, values) this one is specific to
+    in_id: bool  # an experiment option that names the run directory when given
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+def _opt(default, help: str, role: str = EXPERIMENT, choices=None, check=None, applies=None, in_id=True):
+    return field(default=default, metadata={"help": help, "role": role, "choices": choices, "check": check,
+                                            "applies": applies, "in_id": in_id})
+
+
+# Range checks: each returns what is valid, or None when the value is fine.
+def _at_least(n):
+    return lambda v: None if v >= n else f"must be at least {n}"
+
+
+def _positive(v):
+    return None if v > 0 else "must be positive"
+
+
+def _non_negative(v):
+    return None if v >= 0 else "must be 0 or more"
+
+
+def _unit(v):
+    return None if 0 <= v <= 1 else "must be in [0, 1]"
+
+
+def _beta(v):
+    return None if 0 <= v < 1 else "must be in [0, 1)"
+
+
+def _above_one(v):
+    return None if v > 1 else "must be above 1"
+
+
+def _seed(v):
+    return None if 0 <= v <= MAX_SEED else f"must be in 0..{MAX_SEED} (2^63 - 1)"
+
+
+def _axis_choices(registry, *extra):
+    return lambda: [*extra, *registry.names()]
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    variant: str = "gpt2"  # preset, id or axis=value,...; variant axes below override it
-    model: str = "tiny"
-    layers: int | None = None  # overrides the size's depth
-    steps: int = 300
-    lr: float = 1e-3
-    warmup: int = 0
-    schedule: str = "cosine"  # after warmup: constant, or cosine decay to min_lr_ratio * lr
-    min_lr_ratio: float = 0.1
-    batch_size: int = 16
-    seq_len: int | None = None  # defaults to the size's context
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 0.0  # 0 = off
-    seed: int = 0
-    data: str | None = None  # None = the embedded default corpus (the stdlib's sources)
-    kernels: str = "auto"
-    device: str = "auto"
-    dtype: str = "auto"  # auto: bf16 autocast on GPUs, float32 on the CPU
-    eval_every: int = 50
-    eval_batches: int = 8
-    log_every: int = 1
-    probes: bool = True  # per-layer gradient/activation/update metrics
-    checkpoint_every: int = 100
-    diverge_factor: float = 2.0  # diverged when loss > factor * first loss (or non-finite)
-    threads: int | None = None  # CPU threads; None = torch's default
-    compile: bool = False  # torch.compile the model
-    # Variant axes, when given, override the corresponding part of `variant`.
-    norm: str | None = None
-    norm_type: str | None = None
-    act: str | None = None
-    mlp: str | None = None
-    residual: bool | None = None
+    # -- the block: a preset, id or axis=value list, and per-axis overrides of it
+    variant: str = _opt("gpt2", "preset, id or axis=value,... (see `ablate variants`)")
+    norm: str | None = _opt(None, "norm placement", choices=_axis_choices(PLACEMENTS))
+    norm_type: str | None = _opt(None, "norm type", choices=_axis_choices(NORMS))
+    act: str | None = _opt(None, "dense MLP activation", choices=_axis_choices(ACTIVATIONS))
+    mlp: str | None = _opt(None, "MLP type", choices=_axis_choices(MLPS))
+    residual: bool | None = _opt(None, "residual connections (true/false)")
+    qk_norm: str | None = _opt(None, "norm on queries and keys per head", choices=_axis_choices(NORMS, QK_NONE))
+    # -- the model
+    model: str = _opt("tiny", "size: " + ", ".join(SIZES), choices=lambda: list(SIZES))
+    layers: int | None = _opt(None, "number of blocks (default: the size's)", check=_at_least(1))
+    mlp_ratio: float = _opt(4.0, "dense MLP width / d_model (gated MLPs: 2/3 of it, parameter-matched)",
+                            check=_positive)
+    init: str | None = _opt(None, "weight init (default: the placement's own, gpt2 but deepnet for deepnorm)",
+                            choices=lambda: INITS.names())
+    # -- the optimizer
+    optimizer: str = _opt("adamw", "optimizer", choices=lambda: OPTIMIZERS.names())
+    lr: float = _opt(1e-3, "peak learning rate", check=_positive)
+    weight_decay: float = _opt(0.1, "weight decay on matrices", check=_non_negative)
+    beta1: float = _opt(0.9, "Adam beta1", check=_beta, applies=("optimizer", ("adamw", "adam", "muon")))
+    beta2: float = _opt(0.95, "Adam beta2", check=_beta, applies=("optimizer", ("adamw", "adam", "muon")))
+    momentum: float | None = _opt(None, "momentum (default 0.9 for sgd, 0.95 for muon)", check=_beta,
+                                  applies=("optimizer", ("sgd", "muon")))
+    nesterov: bool | None = _opt(None, "Nesterov momentum (default false for sgd, true for muon)",
+                                 applies=("optimizer", ("sgd", "muon")))
+    grad_clip: float = _opt(0.0, "clip the gradient norm (0 = off)", check=_non_negative)
+    z_loss: float = _opt(0.0, "coefficient of mean(logsumexp(logits)^2) added to the loss (PaLM: 1e-4)",
+                         check=_non_negative)
+    # -- the schedule
+    steps: int = _opt(300, "training steps", check=_at_least(1))
+    warmup: int = _opt(0, "linear warmup steps", check=_non_negative)
+    schedule: str = _opt("cosine", "after warmup: constant, cosine or wsd", choices=lambda: SCHEDULES.names())
+    min_lr_ratio: float = _opt(0.1, "final lr / peak lr (cosine, wsd)", check=_unit)
+    decay_fraction: float = _opt(0.2, "wsd: the last fraction of steps that decays linearly", check=_unit,
+                                 applies=("schedule", ("wsd",)))
+    # -- the data and the batches
+    seed: int = _opt(0, "initial weights and batch order", check=_seed)
+    data: str | None = _opt(None, "text file, folder of text files, or llm.c .bin shard(s); default: the stdlib's sources",
+                            in_id=False)
+    batch_size: int = _opt(16, "sequences per step", check=_at_least(1))
+    seq_len: int | None = _opt(None, "context length (default: the size's)", check=_at_least(1))
+    dtype: str = _opt("auto", "auto (bf16 autocast on GPUs, float32 on the CPU), float32, bfloat16",
+                      choices=lambda: list(DTYPES), in_id=False)
+    diverge_factor: float = _opt(2.0, "diverged when loss > factor x first loss (or non-finite)", check=_above_one)
+    eval_batches: int = _opt(8, "validation batches at each evaluation", check=_at_least(1), in_id=False)
+    final_eval_batches: int = _opt(32, "validation batches of the final evaluation (summary's final_val_loss)",
+                                   check=_at_least(1), in_id=False)
+    # -- what is logged
+    eval_every: int = _opt(50, "evaluate every N steps", OBSERVATION, check=_at_least(1))
+    log_every: int = _opt(1, "log metrics every N steps", OBSERVATION, check=_at_least(1))
+    probes: bool = _opt(True, "log per-layer metrics (true/false)", OBSERVATION)
+    probe_every: int = _opt(10, "stability probes (attention logits, output logits, rank collapse) every N steps",
+                            OBSERVATION, check=_at_least(1))
+    # -- how it executes
+    kernels: str = _opt("auto", "kernel backend: " + ", ".join(KERNEL_CHOICES), EXECUTION,
+                        choices=lambda: list(KERNEL_CHOICES))
+    device: str = _opt("auto", "auto, cpu or cuda", EXECUTION, choices=lambda: list(DEVICES))
+    threads: int | None = _opt(None, "CPU threads (default: torch's)", EXECUTION, check=_at_least(1))
+    compile: bool = _opt(False, "torch.compile the model", EXECUTION)
+    checkpoint_every: int = _opt(100, "checkpoint every N steps", EXECUTION, check=_at_least(1))
 
-    @property
+    @cached_property
     def spec(self) -> VariantSpec:
         return resolve_variant(self.variant, {k: getattr(self, k) for k in AXES})
 
-    @property
+    @cached_property
     def size(self) -> ModelSize:
-        return get_size(self.model).with_layers(self.layers)
+        return get_size(self.model).with_layers(self.layers).with_mlp_ratio(self.mlp_ratio)
 
     @property
     def context(self) -> int:
         return self.seq_len or self.size.context
 
+    @property
+    def init_name(self) -> str:
+        """The init the model is built with (the placement's own unless one is named)."""
+        return self.init or PLACEMENTS.get(self.spec.norm).default_init
+
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-OPTION_NAMES = tuple(f.name for f in fields(TrainConfig))
-_TYPES = {f.name: f.type for f in fields(TrainConfig)}
+def _declare() -> dict[str, Option]:
+    out = {}
+    for f in fields(TrainConfig):
+        kind_text = str(f.type)
+        kind = next(t for name, t in (("bool", bool), ("int", int), ("float", float), ("str", str)) if kind_text.startswith(name))
+        m = f.metadata
+        out[f.name] = Option(f.name, kind, "None" in kind_text, f.default, m["help"], m["role"], m["choices"],
+                             m["check"], m["applies"], m["in_id"])
+    return out
+
+
+OPTIONS: dict[str, Option] = _declare()
+OPTION_NAMES = tuple(OPTIONS)
+# Derived from the roles, so they can never disagree:
+IDENTITY_KEYS = tuple(n for n, o in OPTIONS.items() if o.role == EXPERIMENT)  # config.json identity_keys
+EXECUTION_KEYS = tuple(n for n, o in OPTIONS.items() if o.role == EXECUTION)
+# Compared before a run directory is reused: everything but the execution options that leave the
+# bits alone (threads has its own rule in ablate.train).
+NOT_COMPARED = ("threads", "checkpoint_every")
+# Named in an `ablate train` cell id when given away from its default.
+TRAIN_ID_OPTIONS = tuple(n for n in IDENTITY_KEYS if OPTIONS[n].in_id and n not in AXES + ("variant", "seed"))
 
 
 def resolve_variant(variant: str, axes: Mapping[str, Any], strict: bool = False) -> VariantSpec:
@@ -95,68 +221,67 @@ def resolve_variant(variant: str, axes: Mapping[str, Any], strict: bool = False)
 
 
 def coerce_option(key: str, value: Any) -> Any:
-    kind = _TYPES[key]
-    optional = "None" in kind
+    """`value` (a string from the command line, or a TOML value) as option `key`'s type, with
+    its range and valid values checked: ConfigError naming the value and what is valid."""
+    o = OPTIONS[key]
     if value is None:
-        if optional:
+        if o.optional:
             return None
         raise ConfigError(f"{key} cannot be empty")
     # "none"/"null" mean "not set" for an optional option (`--seq-len none`: the size's
     # context), but for a variant axis "none" is a value (norm=none: no norms), so an axis
     # is left unset only by leaving it out.
-    if optional and key not in AXES and isinstance(value, str) and value.strip().lower() in ("none", "null"):
+    if o.optional and key not in AXES and isinstance(value, str) and value.strip().lower() in ("none", "null"):
         return None
     try:
-        if kind.startswith("int"):
+        if o.kind is int:
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError
-            return int(value) if not isinstance(value, str) else int(value.strip())
-        if kind.startswith("float"):
+            value = int(value) if not isinstance(value, str) else int(value.strip())
+        elif o.kind is float:
             if isinstance(value, bool):
                 raise ValueError
-            return float(value)
-        if kind.startswith("bool"):
-            if isinstance(value, bool):
-                return value
-            text = str(value).strip().lower()
-            if text in ("true", "1", "yes", "on"):
-                return True
-            if text in ("false", "0", "no", "off"):
-                return False
-            raise ValueError
-    except (TypeError, ValueError):
-        want = kind.split(" ")[0]
-        raise ConfigError(f"{key} {value!r} is not a valid {want}") from None
-    return str(value)
+            value = float(value)
+        elif o.kind is bool:
+            if not isinstance(value, bool):
+                text = str(value).strip().lower()
+                if text not in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+                    raise ValueError
+                value = text in ("true", "1", "yes", "on")
+        else:
+            value = str(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"{key} {value!r} is not a valid {o.kind.__name__}") from None
+    if o.kind is float and not math.isfinite(value):  # config.json (JSON) cannot hold it; no option means it
+        raise ConfigError(f"{key} {value} is not a finite number; valid: a finite number")
+    if o.check is not None and (problem := o.check(value)):
+        raise ConfigError(f"{key} {value!r} {problem}")
+    # Variant axes are checked by the variant rules (which know residual's spellings, ...).
+    if o.choices is not None and key not in AXES and value not in (valid := o.choices()):
+        raise ConfigError(f"unknown {key} {value!r}; valid: {', '.join(valid)}")
+    return value
 
 
-def _check(cfg: TrainConfig, strict: bool) -> None:
+def _check(cfg: TrainConfig, given: set[str], strict: bool) -> None:
+    """The checks that need more than one option (single values were checked by coerce_option)."""
     def need(ok: bool, message: str) -> None:
         if not ok:
             raise ConfigError(message)
 
-    need(cfg.model in SIZES, f"unknown model {cfg.model!r}; valid: {', '.join(SIZES)}")
-    need(cfg.layers is None or cfg.layers >= 1, f"layers {cfg.layers} must be at least 1")
-    need(cfg.steps >= 1, f"steps {cfg.steps} must be at least 1")
-    need(math.isfinite(cfg.lr) and cfg.lr > 0, f"lr {cfg.lr} must be a positive number")
-    need(cfg.warmup >= 0, f"warmup {cfg.warmup} must be 0 or more")
-    need(cfg.schedule in SCHEDULES, f"unknown schedule {cfg.schedule!r}; valid: {', '.join(SCHEDULES)}")
-    need(0 <= cfg.min_lr_ratio <= 1, f"min_lr_ratio {cfg.min_lr_ratio} must be in [0, 1]")
-    need(cfg.batch_size >= 1, f"batch_size {cfg.batch_size} must be at least 1")
     ctx = get_size(cfg.model).context
-    need(cfg.seq_len is None or 1 <= cfg.seq_len <= ctx, f"seq_len {cfg.seq_len} must be in 1..{ctx} for model {cfg.model}")
-    need(cfg.weight_decay >= 0, f"weight_decay {cfg.weight_decay} must be 0 or more")
-    need(0 <= cfg.beta1 < 1 and 0 <= cfg.beta2 < 1, f"betas ({cfg.beta1}, {cfg.beta2}) must be in [0, 1)")
-    need(cfg.grad_clip >= 0, f"grad_clip {cfg.grad_clip} must be 0 (off) or positive")
-    need(cfg.seed >= 0, f"seed {cfg.seed} must be 0 or more")
-    need(cfg.kernels in KERNEL_CHOICES, f"unknown kernels {cfg.kernels!r}; valid: {', '.join(KERNEL_CHOICES)}")
-    need(cfg.device in DEVICES, f"unknown device {cfg.device!r}; valid: {', '.join(DEVICES)}")
-    need(cfg.dtype in DTYPES, f"unknown dtype {cfg.dtype!r}; valid: {', '.join(DTYPES)}")
-    for key in ("eval_every", "eval_batches", "log_every", "checkpoint_every"):
-        need(getattr(cfg, key) >= 1, f"{key} {getattr(cfg, key)} must be at least 1")
-    need(cfg.diverge_factor > 1, f"diverge_factor {cfg.diverge_factor} must be above 1")
-    need(cfg.threads is None or cfg.threads >= 1, f"threads {cfg.threads} must be at least 1")
+    need(cfg.seq_len is None or cfg.seq_len <= ctx, f"seq_len {cfg.seq_len} must be in 1..{ctx} for model {cfg.model}")
+    tokens = cfg.batch_size * cfg.context
+    need(tokens <= MAX_TOKENS_PER_STEP,
+         f"batch_size {cfg.batch_size} x seq_len {cfg.context} = {tokens:,} tokens per step; valid: batch_size "
+         f"1..{MAX_TOKENS_PER_STEP // cfg.context:,} at seq_len {cfg.context}")
     need(cfg.data is None or os.path.exists(cfg.data), f"data path {cfg.data!r} does not exist; valid: a text file, a folder of text files, or an llm.c .bin shard")
+    # An option specific to some optimizers or schedules, given for another, would be ignored.
+    for key in sorted(given):
+        applies = OPTIONS[key].applies
+        if applies and getattr(cfg, key) is not None and getattr(cfg, applies[0]) not in applies[1]:
+            owner, values = applies
+            raise ConfigError(f"{key} does not apply to {owner}={getattr(cfg, owner)}; valid: leave {key} out, or "
+                              f"{owner} {' / '.join(values)}")
     try:
         resolve_variant(cfg.variant, {k: getattr(cfg, k) for k in AXES}, strict=strict)
     except VariantError as e:
@@ -173,7 +298,7 @@ def resolve(options: Mapping[str, Any], strict: bool = True) -> TrainConfig:
     if unknown:
         raise ConfigError(f"unknown option {unknown[0]!r}; valid: {', '.join(OPTION_NAMES)}")
     cfg = TrainConfig(**{k: coerce_option(k, v) for k, v in options.items()})
-    _check(cfg, strict)
+    _check(cfg, set(options), strict)
     return cfg
 
 
@@ -183,15 +308,18 @@ def _fmt(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def _is_default(cfg: TrainConfig, key: str) -> bool:
-    """Whether option `key` has the value it would have had if left out: the size's
-    context and depth for seq_len and layers, the TrainConfig default for the rest."""
+def is_default(cfg: TrainConfig, key: str) -> bool:
+    """Whether option `key` has the value it would have had if left out: the size's context and
+    depth for seq_len and layers, the placement's init for init, the declared default else."""
     value = getattr(cfg, key)
     if key == "seq_len":
         return value is None or value == get_size(cfg.model).context
     if key == "layers":
         return value is None or value == get_size(cfg.model).n_layer
-    return value == TrainConfig.__dataclass_fields__[key].default
+    if key == "init":
+        return value is None or value == PLACEMENTS.get(cfg.spec.norm).default_init
+    default = OPTIONS[key].default
+    return value == (None if default is MISSING else default)
 
 
 def group_id(cfg: TrainConfig, id_keys: tuple[str, ...] | list[str] = (), keep_defaults: bool = False) -> str:
@@ -204,7 +332,7 @@ def group_id(cfg: TrainConfig, id_keys: tuple[str, ...] | list[str] = (), keep_d
     """
     parts = [cfg.spec.id]
     for key in sorted(set(id_keys) - set(AXES) - {"seed", "variant"}):
-        if keep_defaults or not _is_default(cfg, key):
+        if keep_defaults or not is_default(cfg, key):
             parts.append(f"{key}={_fmt(getattr(cfg, key))}")
     return "__".join(parts)
 

@@ -1,12 +1,12 @@
 """The base GPT, built from a block variant and a size.
 
-Read top to bottom: attention, the block (the three variant choices are made in
-`Block.__init__`), the model, and its initialisation. Norms, activations and gated
-products run through `ops`, the kernel backend, so kernels never touch this file.
+Read top to bottom: attention, the block (the variant's choices are made in
+`Block.__init__`), the model. Norms, activations and gated products run through `ops`, the
+kernel backend, so kernels never touch this file. The initialisation is a registered scheme
+(ablate/variants/inits.py), applied once at the end of `GPT.__init__`.
 """
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn.functional as F
@@ -14,30 +14,44 @@ from torch import nn
 
 from ablate.kernels import get_backend
 from ablate.sizes import ModelSize
-from ablate.variants import MLPS, NORMS, PLACEMENTS, VariantSpec
+from ablate.variants import INITS, MLPS, NORMS, PLACEMENTS, VariantSpec
+from ablate.variants.spec import QK_NONE
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, size: ModelSize):
+    def __init__(self, size: ModelSize, qk_norm: str = QK_NONE, ops=None):
         super().__init__()
         assert size.d_model % size.n_head == 0, "d_model must divide into heads"
         self.n_head = size.n_head
         self.c_attn = nn.Linear(size.d_model, 3 * size.d_model)  # q, k, v in one matmul
         self.c_proj = nn.Linear(size.d_model, size.d_model)
+        # qk-norm: queries and keys normalised over each head's dimensions, one gain shared by
+        # the heads (Dehghani et al. 2023), which bounds the attention logits' growth.
+        d_head = size.d_model // size.n_head
+        self.q_norm = NORMS.get(qk_norm)(d_head, ops) if qk_norm != QK_NONE else None
+        self.k_norm = NORMS.get(qk_norm)(d_head, ops) if qk_norm != QK_NONE else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def qkv(self, x: torch.Tensor):
+        """Queries, keys and values, (B, heads, T, d_head) each, queries and keys normalised
+        when the block has qk-norm. The stability probes call this to see the logits."""
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, v
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        y = F.scaled_dot_product_attention(*self.qkv(x), is_causal=True)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
 
 class Block(nn.Module):
     def __init__(self, spec: VariantSpec, size: ModelSize, ops):
         super().__init__()
-        self.attn = CausalSelfAttention(size)
         # The variant's choices, all in one place:
+        self.attn = CausalSelfAttention(size, spec.qk_norm, ops)  # qk_norm
         self.mlp = MLPS.get(spec.mlp)(size.d_model, size.mlp_hidden, spec.act, ops)  # mlp + act
         make_norm = (lambda: NORMS.get(spec.norm_type)(size.d_model, ops)) if spec.norm_type else None
         self.wiring = PLACEMENTS.get(spec.norm)(size.d_model, size.n_layer, make_norm, spec.residual)  # norm, residual
@@ -47,9 +61,10 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, spec: VariantSpec, size: ModelSize, ops=None):
+    def __init__(self, spec: VariantSpec, size: ModelSize, ops=None, init: str | None = None):
         super().__init__()
         self.spec, self.size = spec, size
+        self.init = init or default_init(spec)
         self.ops = ops if ops is not None else get_backend("reference")
         self.wte = nn.Embedding(size.vocab_size, size.d_model)
         self.wpe = nn.Embedding(size.context, size.d_model)
@@ -83,22 +98,16 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """GPT-2 init: N(0, 0.02) weights, zero biases, unit norms, and the projections that
-        write into the residual stream scaled by 1/sqrt(2N). A placement may override its
-        sublayers' init afterwards (DeepNorm does)."""
-        for name, p in self.named_parameters():
-            if name.endswith("bias"):
-                nn.init.zeros_(p)
-            elif p.dim() == 1:
-                nn.init.ones_(p)  # norm gains
-            elif name.endswith("c_proj.weight"):
-                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * self.size.n_layer))
-            else:
-                nn.init.normal_(p, 0.0, 0.02)
-        for block in self.blocks:
-            block.wiring.reset_branch_parameters(block.attn, block.mlp)
+        INITS.get(self.init)(self)
 
 
-def build_model(spec: VariantSpec, size: ModelSize, ops=None, device: str | torch.device = "cpu") -> GPT:
+def default_init(spec: VariantSpec) -> str:
+    """The init a block gets when none is named: its placement's own (DeepNorm's is DeepNet's,
+    which its residual scaling is derived for), else GPT-2's."""
+    return PLACEMENTS.get(spec.norm).default_init
+
+
+def build_model(spec: VariantSpec, size: ModelSize, ops=None, device: str | torch.device = "cpu",
+                init: str | None = None) -> GPT:
     with torch.device(device):
-        return GPT(spec, size, ops)
+        return GPT(spec, size, ops, init)

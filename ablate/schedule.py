@@ -1,14 +1,13 @@
-"""Learning-rate schedules: linear warmup, then constant or cosine decay."""
+"""The learning rate at a step: linear warmup, then the configured schedule
+(ablate/variants/schedules.py) over the remaining steps."""
 from __future__ import annotations
 
-import math
+from ablate.variants import SCHEDULES
 
 
-def lr_at(step: int, *, lr: float, warmup: int, steps: int, schedule: str, min_lr_ratio: float) -> float:
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    if schedule == "constant":
-        return lr
-    span = max(steps - warmup, 1)
-    progress = min((step - warmup) / span, 1.0)
-    return lr * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+def lr_at(step: int, cfg) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    span = max(cfg.steps - cfg.warmup, 1)
+    progress = min((step - cfg.warmup) / span, 1.0)
+    return cfg.lr * SCHEDULES.get(cfg.schedule)(progress, cfg)

@@ -1,4 +1,4 @@
-"""Named model sizes. All share the ANDREA shape rules (MLP 4x, head dim d/heads, learned
+"""Named model sizes. All share the ANDREA shape rules (MLP 4x unless `mlp_ratio` says otherwise, head dim d/heads, learned
 positions, tied embeddings); only the numbers change. CPU sizes use byte tokens."""
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ class ModelSize:
     vocab_size: int
     context: int
     tokenizer: str  # "bytes" (vocab 256) or "bpe" (trained to vocab_size on the corpus)
+    mlp_ratio: float = 4.0  # the dense MLP's width / d_model (the `mlp_ratio` option)
 
     @property
     def mlp_hidden(self) -> int:
-        return 4 * self.d_model
+        return round(self.mlp_ratio * self.d_model)
 
     def with_layers(self, n_layer: int | None) -> "ModelSize":
         if n_layer is None or n_layer == self.n_layer:
@@ -27,6 +28,9 @@ class ModelSize:
         if n_layer < 1:
             raise ConfigError(f"layers {n_layer} must be at least 1")
         return replace(self, n_layer=n_layer)
+
+    def with_mlp_ratio(self, ratio: float) -> "ModelSize":
+        return self if ratio == self.mlp_ratio else replace(self, mlp_ratio=ratio)
 
     def as_dict(self) -> dict:
         return {**asdict(self), "mlp_hidden": self.mlp_hidden}

@@ -1,14 +1,17 @@
-"""The registry of transformer block variants.
+"""The registries of what the harness ablates: block variants (placements, norms, activations,
+MLPs, presets) and what trains them (inits, optimizers, schedules).
 
-Importing this package registers every built-in axis value. To add your own, register a
-class or function in a module of this package and import it below (see README).
+Importing this package registers every built-in value. To add your own, register a class or
+function from a file of your own and pass it with `--import FILE` (see README, "Adding your
+own variant"); nothing in the engine changes.
 """
 from ablate.variants import activations, mlps, norms, placements  # noqa: F401  (they register)
-from ablate.variants.registry import ACTIVATIONS, MLPS, NORMS, PLACEMENTS, PRESETS, VariantError
+from ablate.variants.registry import (ACTIVATIONS, INITS, MLPS, NORMS, OPTIMIZERS, PLACEMENTS, PRESETS, SCHEDULES,
+                                      Registry, VariantError)
 from ablate.variants.spec import AXES, DEFAULTS, VariantSpec, all_variants, make_variant, parse_variant, variant_from_axes
-from ablate.variants import presets  # noqa: F401,E402  (presets use the registered values)
+from ablate.variants import inits, optimizers, presets, schedules  # noqa: F401,E402  (they register)
 
 __all__ = [
-    "ACTIVATIONS", "AXES", "DEFAULTS", "MLPS", "NORMS", "PLACEMENTS", "PRESETS",
-    "VariantError", "VariantSpec", "all_variants", "make_variant", "parse_variant", "variant_from_axes",
+    "ACTIVATIONS", "AXES", "DEFAULTS", "INITS", "MLPS", "NORMS", "OPTIMIZERS", "PLACEMENTS", "PRESETS", "SCHEDULES",
+    "Registry", "VariantError", "VariantSpec", "all_variants", "make_variant", "parse_variant", "variant_from_axes",
 ]

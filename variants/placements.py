@@ -18,6 +18,7 @@ class Placement(nn.Module):
     final_norm: bool = True
     needs_norms: bool = True
     requires_residual: bool = False
+    default_init: str = "gpt2"  # the init (ablate/variants/inits.py) used when none is named
 
     def __init__(self, d_model: int, n_layer: int, make_norm: Callable[[], nn.Module], residual: bool):
         super().__init__()
@@ -25,9 +26,6 @@ class Placement(nn.Module):
 
     def forward(self, x: torch.Tensor, attn: nn.Module, mlp: nn.Module) -> torch.Tensor:
         raise NotImplementedError
-
-    def reset_branch_parameters(self, attn: nn.Module, mlp: nn.Module) -> None:
-        """Re-initialise the sublayers when the placement prescribes its own init."""
 
 
 @PLACEMENTS.register("pre")
@@ -89,11 +87,13 @@ def deepnorm_constants(n_layer: int) -> tuple[float, float]:
 
 @PLACEMENTS.register("deepnorm")
 class DeepNorm(Placement):
-    """norm(alpha x + f(x)) with branch weights initialised smaller (Wang et al. 2022,
-    DeepNet). For a decoder of N layers: alpha = (2N)^(1/4), beta = (8N)^(-1/4)."""
+    """norm(alpha x + f(x)) (Wang et al. 2022, DeepNet). For a decoder of N layers alpha =
+    (2N)^(1/4); its companion init, `deepnet` (branch weights scaled by beta = (8N)^(-1/4)),
+    is the default here. With another init the residual scaling stays and the init is the one named."""
 
     final_norm = False
     requires_residual = True
+    default_init = "deepnet"
 
     def __init__(self, d_model, n_layer, make_norm, residual):
         super().__init__(d_model, n_layer, make_norm, residual)
@@ -103,18 +103,6 @@ class DeepNorm(Placement):
     def forward(self, x, attn, mlp):
         x = self.norm_attn.add_forward(self.alpha * x, attn(x))[1]
         return self.norm_mlp.add_forward(self.alpha * x, mlp(x))[1]
-
-    @torch.no_grad()
-    def reset_branch_parameters(self, attn, mlp):
-        # Xavier-normal everywhere; gain beta on the value, output and MLP projections,
-        # gain 1 on queries and keys (DeepNet, Algorithm 1).
-        d = attn.c_attn.weight.shape[1]
-        qk, v = attn.c_attn.weight[: 2 * d], attn.c_attn.weight[2 * d :]
-        nn.init.xavier_normal_(qk[:d], gain=1.0)
-        nn.init.xavier_normal_(qk[d:], gain=1.0)
-        nn.init.xavier_normal_(v, gain=self.beta)
-        for w in (attn.c_proj.weight, mlp.c_fc.weight, mlp.c_proj.weight):
-            nn.init.xavier_normal_(w, gain=self.beta)
 
 
 @PLACEMENTS.register("none")

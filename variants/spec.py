@@ -8,14 +8,16 @@ from typing import Any, Iterator, Mapping
 
 from ablate.variants.registry import ACTIVATIONS, MLPS, NORMS, PLACEMENTS, PRESETS, VariantError
 
-AXES = ("norm", "norm_type", "act", "mlp", "residual")
+AXES = ("norm", "norm_type", "act", "mlp", "residual", "qk_norm")
 DEFAULTS: dict[str, Any] = {
     "norm": "pre",
     "norm_type": "layernorm",
     "act": "gelu",
     "mlp": "dense",
     "residual": True,
+    "qk_norm": "none",
 }
+QK_NONE = "none"  # no norm on queries and keys; any other qk_norm value is a registered norm type
 _TRUE, _FALSE = ("true", "1", "yes", "res", "on"), ("false", "0", "no", "nores", "off")
 
 
@@ -29,11 +31,16 @@ class VariantSpec:
     act: str | None = "gelu"
     mlp: str = "dense"
     residual: bool = True
+    qk_norm: str = QK_NONE  # normalise queries and keys per head (Dehghani et al. 2023)
 
     @property
     def id(self) -> str:
-        """Readable and stable, e.g. `post.layernorm.relu.dense.res`; used as a directory name."""
+        """Readable and stable, e.g. `post.layernorm.relu.dense.res`; used as a directory name.
+        An axis added later appears only away from its default (`...res.qk-layernorm`), so the
+        ids of run directories made before it existed still name the same blocks."""
         parts = [self.norm, self.norm_type, self.act, self.mlp, "res" if self.residual else "nores"]
+        if self.qk_norm != QK_NONE:
+            parts.append(f"qk-{self.qk_norm}")
         return ".".join(p for p in parts if p is not None)
 
     def axes(self) -> dict[str, Any]:
@@ -73,6 +80,9 @@ def make_variant(strict: bool = True, implied: Mapping[str, Any] | None = None, 
     residual = parse_bool(values["residual"])
     norm_type = NORMS.get(values["norm_type"]) and values["norm_type"]
     act = ACTIVATIONS.get(values["act"]) and values["act"]
+    qk_norm = str(values["qk_norm"])
+    if qk_norm != QK_NONE and qk_norm not in NORMS:
+        raise VariantError(f"unknown qk_norm {qk_norm!r}; valid: {', '.join([QK_NONE, *NORMS])}")
 
     if placement.requires_residual and not residual:
         raise VariantError(
@@ -94,19 +104,21 @@ def make_variant(strict: bool = True, implied: Mapping[str, Any] | None = None, 
                 f"valid: leave norm_type out, or use norm={', '.join(n for n in PLACEMENTS if PLACEMENTS.get(n).needs_norms)}"
             )
         norm_type = None
-    return VariantSpec(values["norm"], norm_type, act, values["mlp"], residual)
+    return VariantSpec(values["norm"], norm_type, act, values["mlp"], residual, qk_norm)
 
 
 def _from_id(text: str) -> VariantSpec:
     parts = text.split(".")
     axes: dict[str, Any] = {"norm": parts.pop(0)}
+    if len(parts) > 1 and parts[-1].startswith("qk-"):
+        axes["qk_norm"] = parts.pop()[3:]
     if axes["norm"] in PLACEMENTS and PLACEMENTS.get(axes["norm"]).needs_norms and parts:
         axes["norm_type"] = parts.pop(0)
     if parts and parts[0] not in MLPS:
         axes["act"] = parts.pop(0)
     if len(parts) != 2:
         raise VariantError(
-            f"variant {text!r} is not an id of the form norm.norm_type.act.mlp.res|nores"
+            f"variant {text!r} is not an id of the form norm.norm_type.act.mlp.res|nores[.qk-NORM]"
         )
     axes["mlp"], axes["residual"] = parts
     spec = make_variant(**axes)
@@ -151,11 +163,12 @@ def parse_variant_given(text: str) -> tuple[VariantSpec, dict[str, str]]:
 def all_variants() -> Iterator[VariantSpec]:
     """Every distinct registered combination of the axes, in registry order."""
     seen = set()
-    for norm, norm_type, act, mlp, residual in itertools.product(
-        PLACEMENTS, NORMS, ACTIVATIONS, MLPS, (True, False)
+    for norm, norm_type, act, mlp, residual, qk_norm in itertools.product(
+        PLACEMENTS, NORMS, ACTIVATIONS, MLPS, (True, False), (QK_NONE, *NORMS)
     ):
         try:
-            spec = make_variant(strict=False, norm=norm, norm_type=norm_type, act=act, mlp=mlp, residual=residual)
+            spec = make_variant(strict=False, norm=norm, norm_type=norm_type, act=act, mlp=mlp, residual=residual,
+                                qk_norm=qk_norm)
         except VariantError:
             continue  # a contradictory combination, e.g. deepnorm without residual
         if spec not in seen:

@@ -5,32 +5,26 @@ import sys
 import tomllib
 from pathlib import Path
 
-from ablate.config import OPTION_NAMES, TrainConfig
+from ablate.config import EXECUTION, EXPERIMENT, OBSERVATION, OPTION_NAMES, OPTIONS, TRAIN_ID_OPTIONS
 from ablate.errors import ConfigError
 from ablate.grids import parse_overrides
+from ablate.variants import AXES
 
-# Options whose value is part of the run's identity: when given on the command line they
-# appear in the cell id, so `--lr 1e-3` and `--lr 3e-3` land in different directories.
-ID_OPTIONS = ("model", "layers", "steps", "lr", "warmup", "schedule", "min_lr_ratio", "batch_size",
-              "seq_len", "weight_decay", "beta1", "beta2", "grad_clip", "diverge_factor")
-HELP = {
-    "variant": "preset, id or axis=value,...", "model": "size: tiny, small, medium, andrea-120m",
-    "layers": "override the size's number of blocks", "seq_len": "context length (default: the size's)",
-    "lr": "peak learning rate", "warmup": "linear warmup steps",
-    "data": "text file, folder of text files, or llm.c .bin shard(s); default: the stdlib's sources",
-    "kernels": "reference, triton, cuda or auto", "grad_clip": "clip the gradient norm (0 = off)",
-    "probes": "log per-layer metrics (true/false)", "log_every": "log metrics every N steps",
-}
+ROLE_TITLES = {EXPERIMENT: "experiment options (define the run; named in its folder when given)",
+               OBSERVATION: "what is logged", EXECUTION: "how it executes (never changes the experiment)"}
 
 
 def add_option_flags(p, skip=()) -> None:
-    """One --flag per training option; values stay strings until `resolve` checks them."""
-    for name in OPTION_NAMES:
+    """One --flag per declared option (ablate/config.py), grouped by role; values stay strings
+    until `resolve` checks them."""
+    groups = {role: p.add_argument_group(title) for role, title in ROLE_TITLES.items()}
+    for name, o in OPTIONS.items():
         if name in skip:
             continue
-        default = TrainConfig.__dataclass_fields__[name].default
-        p.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, metavar="X",
-                       help=HELP.get(name, name.replace("_", " ")) + ("" if default is None else f" (default {default})"))
+        extra = f" (default {o.default})" if o.default is not None else ""
+        if o.choices is not None and name not in AXES:
+            extra += f"; one of {', '.join(map(str, o.choices()))}"
+        groups[o.role].add_argument(o.flag, dest=name, default=None, metavar="X", help=o.help + extra)
     p.add_argument("--config", type=Path, help="TOML file of options; flags override it")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="set any option")
 
@@ -69,13 +63,22 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from ablate.cell import Cell, run_cell
-    from ablate.rundir import CHECKPOINT, check_out_path
+    from ablate.cell import Cell, check_id_fits, finished_status, run_cell
+    from ablate.rundir import CHECKPOINT, SUMMARY, check_out_path, read_json
 
     options, given = collect_options(args)
-    cell = Cell.from_options(options, id_keys=[k for k in ID_OPTIONS if k in given])
+    id_keys = [k for k in TRAIN_ID_OPTIONS if k in given]
+    cell = Cell.from_options(options, id_keys=id_keys)
+    check_id_fits(cell.id, f"the variant, the seed and the options given ({', '.join(id_keys)}); "
+                           "valid: fewer of these options, or shorter values")
     run_dir = args.out / cell.id
     check_out_path(args.out, run_dir)
+    if finished_status(run_dir) == "failed":  # tried again: say so, and what the last try said
+        try:
+            error = read_json(run_dir / SUMMARY).get("error")
+        except (OSError, ValueError, AttributeError):
+            error = "its summary.json cannot be read"
+        print(f"{run_dir} failed before ({error}); trying again", file=sys.stderr)
     # run_cell checks the data, device and kernels, and any run already in run_dir, before it
     # writes anything.
     try:
@@ -95,11 +98,11 @@ def run(args) -> int:
     if result.outcome == "busy":
         print(f"{run_dir} is being trained by another process; nothing to do", file=sys.stderr)
         return 1
-    if result.outcome == "skipped":
-        print(f"{run_dir} already finished ({s['status']}); nothing to do")
-    elif s["status"] == "failed":
+    if s.get("status") == "failed":  # never exit 0 over a failed run, also one failed by another process
         print(f"{run_dir}: failed: {s['error']}", file=sys.stderr)
         return 1
+    if result.outcome == "skipped":
+        print(f"{run_dir} already finished ({s['status']}); nothing to do")
     else:
         val = s["final_val_loss"]
         detail = (f"final loss {s['final_loss']:.4f}, val loss {val:.4f}" if s["status"] == "completed"
