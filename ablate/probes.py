@@ -5,15 +5,26 @@ Parameters are bucketed once at start-up: embeddings (token and position), and f
 block its attention, MLP and norm parameters. Gradient norms per bucket come from one
 `_foreach_norm` over all gradients and one `index_add_`; update ratios from one foreach
 copy before the optimizer step and one foreach subtraction after it.
+
+The stability probes (attention logits, output logits, rank collapse; see `Stability`) look
+at a few sequences of the batch on the steps the training loop asks for, and join the same
+single copy.
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ablate.model import GPT
 from ablate.rundir import finite_or_none
 
 KINDS = ("attn", "mlp", "norm")
+# Sequences of the batch the stability probes look at: enough positions for a stable mean, few
+# enough that their cost stays a small fraction of the batch's (and their T x T scores small).
+PROBE_SEQUENCES = 2
+# The attention probes form the T x T scores of several layers at once (fewer ops), at most this
+# many floats (256 MiB) at a time: all 12 layers of `tiny`, one layer at a time at context 1024.
+SCORES_PER_CHUNK = 2**26
 
 
 def _bucket(name: str) -> tuple[int, str] | None:
@@ -27,7 +38,10 @@ def _bucket(name: str) -> tuple[int, str] | None:
 
 
 class Probes:
-    def __init__(self, model: GPT):
+    def __init__(self, model: GPT, compiled: bool = False, autocast: tuple[str, torch.dtype | None] = ("cpu", None)):
+        """`compiled`: the training forward is torch.compile'd (see `Stability`); `autocast`:
+        the (device type, dtype) it runs under."""
+        self.stability = Stability(model, compiled, autocast)
         self.n_layer = len(model.blocks)
         self.params = [p for p in model.parameters() if p.requires_grad]
         names = {id(p): n for n, p in model.named_parameters()}
@@ -50,7 +64,9 @@ class Probes:
         self.block_layer = torch.tensor([(i - 1) // 3 for i in index if 0 < i < n_buckets - 1], device=device)
         self._before: list[torch.Tensor] | None = None
         self._weight_sq: torch.Tensor | None = None
+        self._copied = False  # before_step ran for the step being collected
         self.names = self._names()
+        self.update_names = [f"update_ratio/layer_{i}" for i in range(self.n_layer)]
 
     def _names(self) -> list[str]:
         L = range(self.n_layer)
@@ -59,7 +75,6 @@ class Probes:
             + [f"grad_norm/layer_{i}" for i in L]
             + [f"grad_norm/layer_{i}/{k}" for i in L for k in KINDS]
             + [f"act_norm/layer_{i}" for i in L]
-            + [f"update_ratio/layer_{i}" for i in L]
         )
 
     @torch.no_grad()
@@ -78,6 +93,7 @@ class Probes:
             self._before = [torch.empty_like(p) for p in self.block_params]
         torch._foreach_copy_(self._before, self.block_params)
         self._weight_sq = torch.stack(torch._foreach_norm(self._before)).float().square()
+        self._copied = True
 
     @torch.no_grad()
     def update_ratios(self) -> torch.Tensor:
@@ -88,12 +104,152 @@ class Probes:
         return (zeros.index_add(0, self.block_layer, d2) / zeros.index_add(0, self.block_layer, self._weight_sq)).sqrt()
 
     def collect(self, loss: torch.Tensor, grad_norms: torch.Tensor, act_norms: list[torch.Tensor],
-                stream_elements: int) -> tuple[float, dict]:
+                stream_elements: int, stability: torch.Tensor | None = None) -> tuple[float, dict]:
         """One device-to-host copy for everything logged this step. `act_norms` are the L2
-        norms of the residual stream after each block; over `stream_elements` they are RMS."""
+        norms of the residual stream after each block; over `stream_elements` they are RMS.
+        `stability`: this step's `Stability.measure`, on the steps that probe it. Update ratios
+        come on the steps whose weights before_step copied (the probe steps: the copy of every
+        block weight is the per-layer metrics' largest cost)."""
         act_rms = torch.stack(act_norms).float() * stream_elements**-0.5
-        parts = [loss.detach().float().view(1), grad_norms, act_rms, self.update_ratios()]
+        parts = [loss.detach().float().view(1), grad_norms, act_rms]
+        names = self.names
+        if self._copied:
+            parts.append(self.update_ratios())
+            names = names + self.update_names
+            self._copied = False
+        if stability is not None:
+            parts.append(stability)
+            names = names + self.stability.names
         values = torch.cat(parts).tolist()
-        metrics = {name: finite_or_none(v) for name, v in zip(self.names, values[1:])}
+        metrics = {name: finite_or_none(v) for name, v in zip(names, values[1:])}
         return values[0], metrics
+
+
+class Stability:
+    """The probes of the stability literature, on the first PROBE_SEQUENCES sequences of a
+    batch: per block the largest attention logit and the mean attention entropy (Wortsman et
+    al. 2023: logit growth precedes divergence), the mean pairwise cosine similarity of the
+    residual stream's token vectors (Dong et al. 2021, Noci et al. 2022: 1.0 is rank collapse),
+    and the output logits' mean log-partition and largest value.
+
+    Where the inputs come from, by cost: forward hooks copy the slice of each block's
+    attention input and output as the training forward computes them (a small copy per hook
+    and step, which also keeps the whole batch's activations from outliving the backward), so
+    a probed step adds only `qkv` on the slice and its T x T scores: about 3.5% of a step on
+    `tiny` x 12 blocks, where a separate no-grad forward of the slice alone measured about 7%
+    (small models pay per op, and it repeats every op of the forward). Hooks inside a
+    torch.compile'd forward would be traced into its graph (or, attached later, skipped), so
+    there they are attached only around a no-grad eager forward of the slice, at the same
+    weights and through the same kernel backend, and the compiled forward stays as it is. The
+    output-logit probes read the training forward's own logits. Nothing here draws random
+    numbers or writes to anything the training step reads."""
+
+    def __init__(self, model: GPT, compiled: bool, autocast: tuple[str, torch.dtype | None]):
+        self.model, self.compiled = model, compiled
+        self.autocast = autocast
+        n = len(model.blocks)
+        self.attn_in: list[torch.Tensor | None] = [None] * n
+        self.block_in: list[torch.Tensor | None] = [None] * n
+        self.block_out: list[torch.Tensor | None] = [None] * n
+        self.names = ([f"attn_logit_max/layer_{i}" for i in range(n)] + [f"attn_entropy/layer_{i}" for i in range(n)]
+                      + [f"cos_sim/layer_{i}" for i in range(n)] + [f"block_change/layer_{i}" for i in range(n)]
+                      + ["logit_lse", "logit_max"])
+        if not compiled:
+            self._attach()
+
+    def _attach(self) -> list:
+        def keep(store, i):
+            def hook(module, inputs, output=None):
+                if module.training:  # not the validation forwards
+                    t = inputs[0] if output is None else output
+                    store[i] = t[:PROBE_SEQUENCES].detach().clone()
+            return hook
+
+        handles = []
+        for i, block in enumerate(self.model.blocks):
+            handles.append(block.attn.register_forward_pre_hook(keep(self.attn_in, i)))
+            handles.append(block.register_forward_pre_hook(keep(self.block_in, i)))
+            handles.append(block.register_forward_hook(keep(self.block_out, i)))
+        return handles
+
+    def _autocast(self):
+        device_type, dtype = self.autocast
+        return torch.autocast(device_type, dtype=dtype, enabled=dtype is not None)
+
+    @torch.no_grad()
+    def _eager_forward(self, x: torch.Tensor) -> None:
+        """Fill the captures with a forward of the slice (the compiled case), leaving the
+        model's per-step records (act_norms) as the training forward left them."""
+        model = self.model
+        saved = model.record_act_norms, model.act_norms
+        handles = self._attach()
+        try:
+            model.record_act_norms = False
+            with self._autocast():
+                model(x[:PROBE_SEQUENCES])
+        finally:
+            for h in handles:
+                h.remove()
+            model.record_act_norms, model.act_norms = saved
+
+    @torch.no_grad()
+    def measure(self, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """The probes of the step whose training forward just ran on batch `x` and gave
+        `logits`, as one device tensor in the order of `names`. Call it before the optimizer
+        step: the attention logits are recomputed with the weights that forward used."""
+        if self.compiled:
+            self._eager_forward(x)
+        with self._autocast():  # q and k as the training forward computed them
+            qk = [block.attn.qkv(h)[:2] for block, h in zip(self.model.blocks, self.attn_in)]
+        n, heads, T, _ = qk[0][0].shape
+        chunk = max(1, SCORES_PER_CHUNK // (n * heads * T * T))  # layers whose scores are formed at once
+        stats = [attention_logit_stats(torch.stack([q for q, _ in qk[i:i + chunk]]),
+                                       torch.stack([k for _, k in qk[i:i + chunk]])) for i in range(0, len(qk), chunk)]
+        logits = logits[:PROBE_SEQUENCES].detach().float()
+        return torch.cat([*(m for m, _ in stats), *(e for _, e in stats),
+                          mean_cosine_similarity(torch.stack(self.block_out)),
+                          relative_change(torch.stack(self.block_in), torch.stack(self.block_out)),
+                          torch.stack([output_log_partition(logits), logits.amax()])])
+
+
+def attention_logit_stats(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(largest q.k/sqrt(d_head), mean attention entropy in nats) under the causal mask, per
+    layer, for queries and keys of shape (layers, ..., T, d_head): the max over every head and
+    allowed (query, key) pair, the entropy averaged over every head and query position. All
+    layers at once: on small models the probes' cost is per op, not per element."""
+    layers, (T, d) = q.shape[0], q.shape[-2:]
+    q, k = q.float().reshape(-1, T, d), k.float().reshape(-1, T, d)
+    logits = (q * d**-0.5) @ k.transpose(1, 2)
+    masked = logits + torch.full((T, T), float("-inf"), device=q.device).triu(1)  # no future keys
+    p = masked.softmax(dim=-1)
+    row_max = masked.amax(-1)
+    # Entropy = log Z - sum_j p_j s_j, with log Z = s_j - log p_j read at the likeliest key
+    # (p_j >= 1/T there, so its log is safe): one log per query instead of per (query, key),
+    # and no 0 * -inf at the future keys, whose p_j is 0 and whose s_j in `logits` is finite.
+    log_z = row_max - p.amax(-1).log()
+    entropy = log_z - (p * logits).sum(-1)
+    return row_max.view(layers, -1).amax(-1), entropy.view(layers, -1).mean(-1)
+
+
+def mean_cosine_similarity(h: torch.Tensor) -> torch.Tensor:
+    """Mean over the pairs i != j of token vectors of cos(h_i, h_j) within each sequence,
+    averaged over sequences: h is (..., sequences, T, d), the result (...). For unit vectors
+    u, sum_ij u_i.u_j = |sum_i u_i|^2, so it costs O(T d), not O(T^2 d)."""
+    u = F.normalize(h.float(), dim=-1)
+    T = u.shape[-2]
+    all_pairs = torch.linalg.vector_norm(u.sum(-2), dim=-1).square()
+    same = torch.linalg.vector_norm(u, dim=(-2, -1)).square()  # the i = j terms: T (fewer for zero vectors)
+    return ((all_pairs - same) / (T * (T - 1))).mean(-1)
+
+
+def relative_change(x_in: torch.Tensor, x_out: torch.Tensor) -> torch.Tensor:
+    """RMS(out - in) / RMS(in) per layer, for (layers, ...) stacks: how far a block moves the
+    residual stream (near 0: the block is close to the identity, as residual blocks are at init)."""
+    x_in, x_out = x_in.float().flatten(1), x_out.float().flatten(1)
+    return torch.linalg.vector_norm(x_out - x_in, dim=1) / torch.linalg.vector_norm(x_in, dim=1)
+
+
+def output_log_partition(logits: torch.Tensor) -> torch.Tensor:
+    """Mean over positions of log Z = logsumexp of the output logits (z-loss's quantity)."""
+    return torch.logsumexp(logits.float(), dim=-1).mean()
 

@@ -1,8 +1,9 @@
 """Train one cell into its run directory (see runs/README.md for the layout).
 
-The loop is plain AdamW on a GPT. What the harness adds: batches that depend only on
-(seed, step), per-layer probes with one host copy per logged step, divergence recorded
-as a result, and checkpoints that make any interruption resumable bit for bit.
+The loop is a plain GPT training loop with the configured optimizer, schedule and init. What
+the harness adds: batches that depend only on (seed, step), per-layer probes with one host copy
+per logged step, divergence recorded as a result, and checkpoints that make any interruption
+resumable bit for bit.
 """
 from __future__ import annotations
 
@@ -20,17 +21,19 @@ from typing import Any
 import jsonlines
 import torch
 
-from ablate.config import TrainConfig, resolve
+from ablate import plugins
+from ablate.config import IDENTITY_KEYS, NOT_COMPARED, OPTIONS, TrainConfig, resolve
 from ablate.data import TokenData, load_data
 from ablate.errors import ConfigError
 from ablate.kernels import get_backend
 from ablate.model import GPT, build_model
 from ablate.probes import Probes
 from ablate.provenance import git_commit, versions
-from ablate.rundir import CHECKPOINT, CONFIG, METRICS, SUMMARY, finite_or_none, read_json, write_json_atomic
+from ablate.rundir import (CHECKPOINT, CONFIG, METRICS, SUMMARY, create_temporary, finite_or_none, read_json,
+                           write_json_atomic)
 from ablate.schedule import lr_at
 from ablate.sizes import ModelSize
-from ablate.variants import AXES
+from ablate.variants import AXES, OPTIMIZERS
 
 FINAL_LOSS_WINDOW = 10
 
@@ -114,9 +117,12 @@ def run_config(cell, cfg: TrainConfig, size: ModelSize, data: TokenData, device:
         "cell_id": cell.id,
         "group": cell.group,
         "variant": {"id": spec.id, **spec.axes()},
-        "model": {**size.as_dict(), "params": params},
+        "model": {**size.as_dict(), "init": cfg.init_name, "params": params},
         # Resolved values: the context, and the CPU threads in use (they fix the reductions' bits).
         "train": {**cfg.as_dict(), "seq_len": cfg.context, "threads": threads},
+        # The `train` keys that define the run (ablate/config.py roles): what analysis compares
+        # to call two cells "the same settings".
+        "identity_keys": list(IDENTITY_KEYS),
         "seed": cfg.seed,
         "axes": cell.axes,
         "grid": cell.grid,
@@ -126,25 +132,26 @@ def run_config(cell, cfg: TrainConfig, size: ModelSize, data: TokenData, device:
         "dtype": str(autocast_dtype(cfg, device) or torch.float32).replace("torch.", ""),
         "versions": versions(),
         "git_commit": git_commit(),
+        "plugins": plugins.records(),  # the code outside the package that defined values, with its sha256
     }
 
 
-# Options that change neither a run's numbers nor what it logs: any value continues or reuses
-# a run directory. (`threads` does change the bits on the CPU: _threads_for decides it.)
-NOT_IDENTITY = ("threads", "checkpoint_every")
 # Options compared by what they resolve to rather than as spelled: `--variant post-ln` and
 # `--norm post` are one variant, `auto` is whatever it picked, the data is its token stream.
-RESOLVED = ("variant", *AXES, "layers", "data", "kernels", "device", "dtype")
+RESOLVED = ("variant", *AXES, "layers", "init", "data", "kernels", "device", "dtype")
 
 
 def _identity(config: dict) -> dict[str, Any]:
     """What must match for a run directory to hold the run a command asks for: every option
-    that changes the numbers or what is logged, named as on the command line."""
+    that changes the numbers or what is logged (ablate/config.py: all but NOT_COMPARED), named
+    as on the command line. An option a config written before it existed lacks had its default
+    value there: the option's definition is that its default changes nothing."""
     train = config.get("train", {})
-    ident = {k: v for k, v in train.items() if k not in NOT_IDENTITY + RESOLVED}
-    resolved = {"variant": config.get("variant", {}).get("id"), "layers": config.get("model", {}).get("n_layer"),
-                "data": config.get("data", {}).get("fingerprint"), "kernels": config.get("kernels"),
-                "device": config.get("device"), "dtype": config.get("dtype")}
+    ident = {k: train.get(k, OPTIONS[k].default) for k in OPTIONS if k not in NOT_COMPARED + RESOLVED}
+    model = config.get("model", {})
+    resolved = {"variant": config.get("variant", {}).get("id"), "layers": model.get("n_layer"),
+                "init": model.get("init"), "data": config.get("data", {}).get("fingerprint"),
+                "kernels": config.get("kernels"), "device": config.get("device"), "dtype": config.get("dtype")}
     ident.update({k: v for k, v in resolved.items() if v is not None})  # a key an older config lacks is not compared
     return ident
 
@@ -221,42 +228,82 @@ def check_existing_run(cell, run_dir: str | Path, plan: RunPlan | None = None) -
 
 
 def _keep_metrics_before(path: Path, step: int) -> list[float]:
-    """Drop metrics lines from steps at or after `step` (written after the checkpoint we
-    resume from), and a last line cut short by a crash, so each step is logged once.
+    """Drop metrics rows from steps at or after `step` (written after the checkpoint we resume
+    from) so each step is logged once, keep every valid row before it, and skip (with a warning
+    naming it) any line that is not a metrics row: a last line cut short by a crash, or garbage.
     Returns the losses of the last FINAL_LOSS_WINDOW rows kept, for final_loss."""
     if not path.exists():
         return []
-    kept = []
-    with open(path) as f:
-        for line in f:
+    kept, skipped = [], []
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                break
-            if row["step"] >= step:
-                break
-            kept.append((line if line.endswith("\n") else line + "\n", row["loss"]))
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(line for line, _ in kept))
-    os.replace(tmp, path)
-    return [loss for _, loss in kept[-FINAL_LOSS_WINDOW:]]
+                row = json.loads(raw)
+                valid = isinstance(row, dict) and isinstance(row.get("step"), int) and "loss" in row
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                valid = False
+            if not valid:
+                if raw.strip():
+                    skipped.append(number)
+                continue
+            if row["step"] < step:
+                kept.append((raw if raw.endswith(b"\n") else raw + b"\n", row["loss"]))
+    if skipped:
+        lines = ", ".join(map(str, skipped[:5])) + (" ..." if len(skipped) > 5 else "")
+        print(f"ablate: {path}: skipped {len(skipped)} unreadable line(s) ({lines}) on resume", file=sys.stderr)
+    _replace_file(path, b"".join(line for line, _ in kept))
+    return [loss for _, loss in kept[-FINAL_LOSS_WINDOW:] if loss is not None]
+
+
+def _replace_file(path: Path, data: bytes) -> None:
+    """Write `data` to a fresh temporary (O_EXCL: never through a link someone planted) and
+    rename it over `path`: a reader sees the old file or the new one."""
+    fd, tmp = create_temporary(path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _save_checkpoint(path: Path, model, opt, step: int, state: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                "torch_rng": torch.get_rng_state(), **state}, tmp)
-    os.replace(tmp, path)
+    """Tensors and plain values only, so that resuming loads it with weights_only=True: a
+    checkpoint on disk can never run code."""
+    fd, tmp = create_temporary(path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                        "torch_rng": torch.get_rng_state(), **state}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
-def make_optimizer(model: GPT, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    # Weight decay on matrices (embeddings included, as GPT-2), none on biases and gains.
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    # fused: one kernel for all parameters, on the CPU too (5x faster than the per-tensor loop
-    # torch picks by default there; measured with `ablate bench`).
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=True)
+def _load_checkpoint(path: Path, device) -> dict:
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+        if not isinstance(ckpt, dict) or not {"model", "optimizer", "step", "torch_rng"} <= set(ckpt):
+            raise ValueError("not a checkpoint of this harness")
+        return ckpt
+    except Exception as e:  # noqa: BLE001  (a damaged or foreign file: refuse it, run nothing from it)
+        raise ConfigError(f"{path} cannot be resumed from ({type(e).__name__}: {' '.join(str(e).split())[:160]}); "
+                          f"valid: remove it to restart the run from step 0") from None
+
+
+def make_optimizer(model: GPT, cfg: TrainConfig):
+    return OPTIMIZERS.get(cfg.optimizer).build(model, cfg)
+
+
+def z_loss_term(logits: torch.Tensor) -> torch.Tensor:
+    """mean(logsumexp(logits)^2) over positions (PaLM's auxiliary loss; its coefficient is z_loss)."""
+    return torch.logsumexp(logits.float(), dim=-1).square().mean()
 
 
 @contextlib.contextmanager
@@ -280,16 +327,18 @@ def _graceful_signals():
 
 
 @torch.no_grad()
-def evaluate(model: GPT, data: TokenData, cfg: TrainConfig, device, amp) -> float:
+def evaluate(model: GPT, data: TokenData, cfg: TrainConfig, device, amp, batches: int) -> float:
+    """Mean loss on the first `batches` validation batches. They are fixed (seed 0), so every
+    cell of a grid is scored on the same text, and the final evaluation's larger set contains the
+    periodic one's."""
     model.eval()
     total = 0.0
-    for i in range(cfg.eval_batches):
-        # Fixed validation batches (seed 0) so every cell of a grid is scored on the same text.
+    for i in range(batches):
         x, y = data.batch("val", i, 0, cfg.batch_size, cfg.context, device)
         with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
             total += model(x, y)[1].item()
     model.train()
-    return total / cfg.eval_batches
+    return total / batches
 
 
 def train(cell, run_dir: str | Path, quiet: bool = True, plan: RunPlan | None = None) -> dict:
@@ -310,8 +359,8 @@ def train(cell, run_dir: str | Path, quiet: bool = True, plan: RunPlan | None = 
 def _train(cell, run_dir: Path, plan: RunPlan, old: dict | None, threads: int, quiet: bool) -> dict:
     cfg, device, amp, size, data = plan.cfg, plan.device, plan.amp, plan.size, plan.data
     torch.manual_seed(cfg.seed)  # the seed fixes the initial weights...
-    model = build_model(cfg.spec, size, plan.ops, device)
-    opt = make_optimizer(model, cfg, device)
+    model = build_model(cfg.spec, size, plan.ops, device, init=cfg.init_name)
+    opt = make_optimizer(model, cfg)
     config = run_config(cell, cfg, size, data, device, plan.ops.name,
                         params=sum(p.numel() for p in model.parameters()), threads=threads)
     if old is not None:
@@ -323,7 +372,7 @@ def _train(cell, run_dir: Path, plan: RunPlan, old: dict | None, threads: int, q
     start, first_loss, elapsed = 0, None, 0.0
     ckpt_path = run_dir / CHECKPOINT
     if ckpt_path.exists():
-        ckpt = torch.load(ckpt_path, map_location=device, weights_only=False)
+        ckpt = _load_checkpoint(ckpt_path, device)
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
         torch.set_rng_state(ckpt["torch_rng"])
@@ -332,7 +381,7 @@ def _train(cell, run_dir: Path, plan: RunPlan, old: dict | None, threads: int, q
     # the same rows `ablate report` reads, so a resume carries over the ones logged before it.
     recent = _keep_metrics_before(run_dir / METRICS, start)
 
-    probes = Probes(model) if cfg.probes else None
+    probes = Probes(model, compiled=cfg.compile, autocast=(device.type, amp)) if cfg.probes else None
     model.record_act_norms = cfg.probes
     forward = torch.compile(model) if cfg.compile else model
     tokens_per_step = cfg.batch_size * cfg.context
@@ -342,23 +391,30 @@ def _train(cell, run_dir: Path, plan: RunPlan, old: dict | None, threads: int, q
     with jsonlines.open(run_dir / METRICS, mode="a", flush=True) as log, _graceful_signals() as signals:
         for step in range(start, cfg.steps):
             t0 = time.perf_counter()
-            lr = lr_at(step, lr=cfg.lr, warmup=cfg.warmup, steps=cfg.steps, schedule=cfg.schedule, min_lr_ratio=cfg.min_lr_ratio)
+            lr = lr_at(step, cfg)
             for group in opt.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr * group.get("lr_scale", 1.0)
             x, y = data.batch("train", step, cfg.seed, cfg.batch_size, cfg.context, device)  # ...and the batch order
             with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-                _, loss = forward(x, y)
-            loss.backward()
+                logits, loss = forward(x, y)
+            # The logged loss is the cross-entropy alone, comparable across z_loss values.
+            objective = loss + cfg.z_loss * z_loss_term(logits) if cfg.z_loss > 0 else loss
+            objective.backward()
             logged = probes is not None and step % cfg.log_every == 0
+            probing = logged and step % cfg.probe_every == 0
             if logged:
                 grad_norms = probes.grad_norms()  # before clipping: what the model produced
+            if probing:  # the costlier metrics (a copy of the weights; attention scores) every probe_every steps
                 probes.before_step()
+                # Before the optimizer step: at the weights this step's forward ran with.
+                stability = probes.stability.measure(x, logits)
             if cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             opt.step()
             opt.zero_grad(set_to_none=True)
             if logged:
-                loss_value, metrics = probes.collect(loss, grad_norms, model.act_norms, x.numel() * size.d_model)
+                loss_value, metrics = probes.collect(loss, grad_norms, model.act_norms, x.numel() * size.d_model,
+                                                     stability if probing else None)
             else:
                 loss_value, metrics = loss.item(), {}
             dt = time.perf_counter() - t0
@@ -366,7 +422,7 @@ def _train(cell, run_dir: Path, plan: RunPlan, old: dict | None, threads: int, q
             diverged = not math.isfinite(loss_value) or loss_value > cfg.diverge_factor * first_loss
             last = step == cfg.steps - 1 or diverged
             if not diverged and (last or (step + 1) % cfg.eval_every == 0):
-                val_loss = evaluate(model, data, cfg, device, amp)
+                val_loss = evaluate(model, data, cfg, device, amp, cfg.final_eval_batches if last else cfg.eval_batches)
                 metrics["val_loss"] = finite_or_none(val_loss)
             if step % cfg.log_every == 0 or last:
                 log.write({"step": step, "tokens": (step + 1) * tokens_per_step, "loss": finite_or_none(loss_value),

@@ -1,9 +1,11 @@
 """Run directories -> tidy pandas frames.
 
 Reads only the files the training engine writes (config.json, metrics.jsonl, summary.json,
-grid.json; see runs/README.md). It tolerates what a live or crashed grid leaves behind: a
-cell without summary.json is reported as `running`, a metrics line cut by a crash is
-skipped with a warning, and grid.json cells without a folder yet are listed as pending.
+grid.json; see runs/README.md). It tolerates what a live, crashed or damaged grid leaves
+behind: a cell without summary.json is reported as `running`, an unreadable metrics line is
+skipped with a warning (the rows after it are kept), a cell whose config.json or summary.json
+does not parse is left out and named in `Runs.skipped`, and grid.json cells without a folder
+yet are listed as pending.
 """
 from __future__ import annotations
 
@@ -14,12 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jsonlines
 import pandas as pd
 
 CONFIG, METRICS, SUMMARY, GRID = "config.json", "metrics.jsonl", "summary.json", "grid.json"
 
 # The axes of a block variant (design.md); config.json's `variant` holds one value for each.
-VARIANT_AXES = ("norm", "norm_type", "act", "mlp", "residual")
+VARIANT_AXES = ("norm", "norm_type", "act", "mlp", "residual", "qk_norm")
+# Run directories written before an axis existed trained with what is now its default.
+AXIS_VALUE_BEFORE_IT_EXISTED = {"qk_norm": "none"}
 # The default block: the baseline a report compares against when none is named.
 DEFAULT_VARIANT_ID = "pre.layernorm.gelu.dense.res"
 FINISHED = ("completed", "diverged", "failed")
@@ -27,13 +32,23 @@ RUNNING = "running"  # a cell folder without summary.json: training, or interrup
 
 _SEED_SUFFIX = re.compile(r"__seed=[^_]+$")
 
-# Training options that change a run's numbers (config.json `train`), besides the variant and
-# the seed. Cells are compared only at equal values of these: one that varies across the folder
-# without being a grid axis (two grids or a stray `ablate train` sharing one --out) becomes an
-# option axis, so a baseline is never paired with a cell trained differently. Kernels, device,
-# threads, compile and the logging options change rounding or what is logged, not the experiment.
+# Cells are compared only at equal settings: the training options that define the run besides
+# the variant and the seed. config.json lists them (`identity_keys`, declared once with the
+# options); run directories written before it did use this tuple. An option that varies across
+# the folder without being a grid axis (two grids or a stray `ablate train` sharing one --out)
+# becomes an option axis, so a baseline is never paired with a cell trained differently.
 SETTING_KEYS = ("model", "layers", "steps", "lr", "warmup", "schedule", "min_lr_ratio", "batch_size", "seq_len",
                 "weight_decay", "beta1", "beta2", "grad_clip", "diverge_factor")
+# Handled apart from the settings: the variant by its axes, the seed as the pairing key.
+NOT_SETTINGS = ("seed", "variant", *VARIANT_AXES)
+
+
+def setting_keys(config: dict[str, Any]) -> tuple[str, ...]:
+    """The `train` options that define this run, besides its variant and seed."""
+    keys = config.get("identity_keys")
+    if not isinstance(keys, list):
+        return SETTING_KEYS
+    return tuple(k for k in keys if isinstance(k, str) and k not in NOT_SETTINGS)
 
 
 class RunsError(ValueError):
@@ -94,9 +109,61 @@ def layer_columns(frame: pd.DataFrame, metric: str) -> list[str]:
     return [c for _, c in sorted(found)]
 
 
+class DamagedFile(ValueError):
+    """A run file that exists but cannot be read as what the engine writes."""
+
+
+@dataclass
+class Scan:
+    """What a folder holds, before any cell is read: see `scan_runs`."""
+
+    root: Path
+    kind: str  # "grid" or "run"
+    grid: dict[str, Any] | None
+    cell_dirs: list[Path]  # folders with a config.json (for a run: the run directory itself)
+    pending: list[str]  # grid.json cells with no folder yet
+    skipped: list[str]
+
+
+@dataclass
+class RunFiles:
+    """One run directory's files as the engine wrote them (metrics: valid rows, file order)."""
+
+    path: Path
+    config: dict[str, Any]
+    summary: dict[str, Any] | None  # None: not finished
+    rows: list[dict[str, Any]]
+
+    @property
+    def cell_id(self) -> str:
+        return str(self.config.get("cell_id") or self.path.name)
+
+    @property
+    def group(self) -> str:
+        return str(self.config.get("group") or _SEED_SUFFIX.sub("", self.cell_id))
+
+    @property
+    def status(self) -> str:
+        return str((self.summary or {}).get("status", RUNNING))
+
+
 def load_runs(path: str | Path) -> Runs:
     """Read a grid folder (grid.json and/or cell folders with config.json, finished or not)
     or a single run directory (config.json directly inside). Raises RunsError otherwise."""
+    scan = scan_runs(path)
+    records, steps = [], []
+    for cell_dir in scan.cell_dirs:
+        files = read_run_files(cell_dir, scan.skipped)
+        if files is not None:
+            rec, st = _cell_frames(files)
+            records.append(rec)
+            steps.append(st)
+    return _assemble(scan.root, scan.kind, records, steps, scan.grid, scan.pending, scan.skipped)
+
+
+def scan_runs(path: str | Path) -> Scan:
+    """Find the run directories of a grid folder or a run directory, and read grid.json.
+    A damaged grid.json is named in `skipped` (its pending cells are then unknown)."""
     root = Path(path)
     if not root.exists():
         raise RunsError(f"{str(path)!r} does not exist; valid: a grid folder or a run directory")
@@ -105,78 +172,126 @@ def load_runs(path: str | Path) -> Runs:
 
     skipped: list[str] = []
     if (root / CONFIG).is_file():
-        records, steps = _read_cell(root, skipped)
-        return _assemble(root, "run", [records], [steps], None, [], skipped)
+        return Scan(root, "run", None, [root], [], skipped)
 
-    grid = _read_json(root / GRID) if (root / GRID).is_file() else None
+    grid = None
+    if (root / GRID).is_file():
+        try:
+            grid = read_json_object(root / GRID)
+        except DamagedFile as e:
+            _skip(skipped, f"{GRID}: {e}; pending cells are not listed")
     cell_dirs = sorted(p for p in root.iterdir() if p.is_dir() and (p / CONFIG).is_file())
     if grid is None and not cell_dirs:
-        raise RunsError(
-            f"{str(path)!r} is not a run or grid folder (no config.json, no grid.json, no cell "
-            "folders); valid: a grid folder or a run directory"
-        )
-    listed = [c["id"] for c in (grid or {}).get("cells", [])]
+        why = "grid.json is unreadable and no" if skipped else "no config.json, no grid.json, no"
+        raise RunsError(f"{str(path)!r} is not a run or grid folder ({why} cell folders); "
+                        "valid: a grid folder or a run directory")
+    listed = grid_cell_ids(grid)
     present = {p.name for p in cell_dirs}
     pending = [cid for cid in listed if cid not in present]
     for p in sorted(p for p in root.iterdir() if p.is_dir() and p.name in listed and not (p / CONFIG).is_file()):
         skipped.append(f"{p.name}: folder has no config.json yet (not started)")
-
-    records, steps = [], []
-    for cell_dir in cell_dirs:
-        rec, st = _read_cell(cell_dir, skipped)
-        records.append(rec)
-        steps.append(st)
-    return _assemble(root, "grid", records, steps, grid, pending, skipped)
+    return Scan(root, "grid", grid, cell_dirs, pending, skipped)
 
 
-def _read_json(path: Path) -> Any:
-    with open(path) as f:
-        return json.load(f)
+def grid_cell_ids(grid: dict[str, Any] | None) -> list[str]:
+    """The cell ids grid.json lists (entries that are not {id: ...} are ignored)."""
+    cells = (grid or {}).get("cells")
+    if not isinstance(cells, list):
+        return []
+    return [c["id"] for c in cells if isinstance(c, dict) and isinstance(c.get("id"), str)]
 
 
-def _read_metrics(path: Path, cell_id: str, skipped: list[str]) -> list[dict[str, Any]]:
-    """One dict per readable line. A line that does not parse (a crash mid-write cuts the
-    last one) is skipped with a warning: the rest of the run is still worth reporting."""
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON object from `path`; DamagedFile (with the reason) for anything else."""
+    try:
+        with open(path, "rb") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        reason = ": ".join([type(e).__name__, *str(e).splitlines()[:1]])
+        raise DamagedFile(f"unreadable ({reason})") from None
+    if not isinstance(data, dict):
+        raise DamagedFile(f"not a JSON object (a {type(data).__name__})")
+    return data
+
+
+def read_run_files(cell_dir: Path, skipped: list[str]) -> RunFiles | None:
+    """config.json, summary.json and the valid rows of metrics.jsonl of one run directory;
+    None (with one line in `skipped`) when config.json or summary.json is damaged."""
+    name = cell_dir.name
+    try:
+        config = read_json_object(cell_dir / CONFIG)
+        name = str(config.get("cell_id") or name)
+    except DamagedFile as e:
+        _skip(skipped, f"{name}: {CONFIG} {e}; cell left out")
+        return None
+    summary = None
+    if (cell_dir / SUMMARY).is_file():
+        try:
+            summary = read_json_object(cell_dir / SUMMARY)
+        except DamagedFile as e:
+            _skip(skipped, f"{name}: {SUMMARY} {e}; cell left out")
+            return None
+    for section in ("variant", "model", "train", "data", "axes"):
+        if config.get(section) is not None and not isinstance(config[section], dict):
+            _skip(skipped, f"{name}: {CONFIG} field {section!r} is not an object; cell left out")
+            return None
+    return RunFiles(cell_dir, config, summary, read_metrics(cell_dir / METRICS, name, skipped))
+
+
+def read_metrics(path: Path, cell_id: str, skipped: list[str] | None = None) -> list[dict[str, Any]]:
+    """The valid rows of a metrics.jsonl, in file order. A line that is not a JSON object
+    with an integer `step` (the last one cut by a crash, or garbage anywhere) is skipped with
+    a warning naming it, and reading goes on: no valid row after it is lost."""
     if not path.is_file():
         return []
-    rows = []
-    with open(path) as f:
-        lines = f.read().split("\n")
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            if not isinstance(row, dict) or "step" not in row:
-                raise ValueError("not an object with a step")
-        except ValueError:
-            where = "last line" if number >= len(lines) - 1 else f"line {number}"
-            message = f"{cell_id}: skipped unreadable {where} of {METRICS} (cut by a crash?)"
-            warnings.warn(message, stacklevel=3)
-            skipped.append(message)
-            continue
-        rows.append(row)
+    rows, bad = [], []
+    with open(path, "rb") as f:  # bytes: jsonlines reports undecodable lines like unparsable ones
+        reader = jsonlines.Reader(f)
+        number = 0
+        while True:
+            try:
+                row = reader.read()
+            except EOFError:
+                break
+            except jsonlines.InvalidLineError as e:
+                number += 1
+                text = e.line.decode("utf-8", "replace") if isinstance(e.line, bytes) else str(e.line)
+                if text.strip():  # a blank line is no row, and no loss either
+                    bad.append((number, "not JSON"))
+                continue
+            number += 1
+            if isinstance(row, dict) and isinstance(row.get("step"), int) and not isinstance(row["step"], bool):
+                rows.append(row)
+            else:
+                bad.append((number, "not an object with an integer step"))
+    for line, why in bad:
+        where = "last line" if line == number else f"line {line}"
+        hint = " (cut by a crash, or still being written)" if line == number else "; the rows after it are kept"
+        _skip(skipped, f"{cell_id}: skipped {where} of {METRICS}, {why}{hint}", stacklevel=4)
     return rows
 
 
-def _read_cell(cell_dir: Path, skipped: list[str]) -> tuple[dict[str, Any], pd.DataFrame]:
-    config = _read_json(cell_dir / CONFIG)
-    cell_id = config.get("cell_id") or cell_dir.name
-    summary = _read_json(cell_dir / SUMMARY) if (cell_dir / SUMMARY).is_file() else None
-    rows = _read_metrics(cell_dir / METRICS, cell_id, skipped)
+def _skip(skipped: list[str] | None, message: str, stacklevel: int = 3) -> None:
+    warnings.warn(message, stacklevel=stacklevel)
+    if skipped is not None:
+        skipped.append(message)
 
+
+def _cell_frames(files: RunFiles) -> tuple[dict[str, Any], pd.DataFrame]:
+    config, rows = files.config, files.rows
+    cell_id = files.cell_id
+    summary = files.summary or {}
     variant = config.get("variant") or {}
     model = config.get("model") or {}
     train = config.get("train") or {}
     data = config.get("data") or {}
-    summary = summary or {}
     record: dict[str, Any] = {
         "cell_id": cell_id,
-        "group": config.get("group") or _SEED_SUFFIX.sub("", cell_id),
+        "group": files.group,
         "seed": config.get("seed"),
-        "status": summary.get("status", RUNNING),
+        "status": files.status,
         "variant_id": variant.get("id"),
-        **{axis: variant.get(axis) for axis in VARIANT_AXES},
+        **{axis: variant.get(axis, AXIS_VALUE_BEFORE_IT_EXISTED.get(axis)) for axis in VARIANT_AXES},
         "model": model.get("name"),
         "n_layer": model.get("n_layer"),
         "d_model": model.get("d_model"),
@@ -198,10 +313,10 @@ def _read_cell(cell_dir: Path, skipped: list[str]) -> tuple[dict[str, Any], pd.D
         "kernels": config.get("kernels"),
         "device": config.get("device"),
         "git_commit": config.get("git_commit"),
-        "path": str(cell_dir),
+        "path": str(files.path),
         "_axes": dict(config.get("axes") or {}),
-        "_settings": {**{k: train.get(k) for k in SETTING_KEYS},
-                      "data": (data.get("fingerprint") or "")[:19] or None,  # "sha256:" + 12 hex
+        "_settings": {**{k: train.get(k) for k in setting_keys(config)},
+                      "data": (str(data.get("fingerprint") or ""))[:19] or None,  # "sha256:" + 12 hex
                       "dtype": config.get("dtype")},
     }
     steps = pd.DataFrame(rows)
@@ -223,8 +338,11 @@ def _assemble(root, kind, records, step_frames, grid, pending, skipped) -> Runs:
         for name in rec["_axes"]:
             if name not in axis_names and name not in ("variant",):
                 axis_names.append(name)
-    for key in [*SETTING_KEYS, "data", "dtype"]:
-        values = {json.dumps(rec["_settings"].get(key), sort_keys=True) for rec in records}
+    setting_names = list(dict.fromkeys(key for rec in records for key in rec["_settings"]))
+    for key in setting_names:
+        # A run directory written before an option existed does not record it; it trained as
+        # that option's default does, so it is compared only on what it records.
+        values = {json.dumps(rec["_settings"][key], sort_keys=True) for rec in records if key in rec["_settings"]}
         if len(values) > 1 and key not in axis_names:
             axis_names.append(key)
             for rec in records:

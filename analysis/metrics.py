@@ -3,7 +3,13 @@
 Definitions (the report's Method section repeats them):
   final loss       mean training loss of the last `last_k` logged steps (NaN for a cell that
                    diverged or failed: it has no final loss, it counts in the divergence rate)
-  final val loss   the last logged validation loss (NaN for diverged or failed cells)
+  final val loss   the validation loss at the end of training on the fixed held-out set:
+                   summary.json `final_val_loss`, else the last logged validation loss (NaN
+                   for diverged or failed cells). Verdicts and reports compare this one.
+  init loss        the loss at initialisation: the validation loss logged at step 0 when
+                   there is one, else the training loss of step 0 (before any update)
+  plateau          a completed cell whose final val loss lies within PLATEAU_MARGIN nats of
+                   the corpus's unigram entropy: it learnt (almost) nothing from context
   loss spike       a logged step whose loss lies more than `spike_z` robust standard
                    deviations above the median of the `spike_window` logged losses before it
                    (robust std = 1.4826 x median absolute deviation); each such step counts once
@@ -30,6 +36,16 @@ SPIKE_MIN_HISTORY = 5
 # A perfectly flat window has MAD 0; the floor keeps z finite so a jump out of it still counts.
 MIN_ROBUST_STD = 1e-6
 MAD_TO_STD = 1.4826  # the MAD of a normal distribution times this is its standard deviation
+PLATEAU_MARGIN = 0.2  # nats above (unigram entropy - this) = stuck on the unigram plateau
+
+
+def plateaued(loss, unigram_entropy, margin: float = PLATEAU_MARGIN) -> bool:
+    """Whether a final loss sits on the unigram plateau (False when either is unknown)."""
+    try:
+        loss, entropy = float(loss), float(unigram_entropy)
+    except (TypeError, ValueError):
+        return False
+    return bool(np.isfinite(loss) and np.isfinite(entropy) and loss >= entropy - margin)
 
 
 def final_loss(losses: np.ndarray, last_k: int = DEFAULT_LAST_K) -> float:
@@ -96,10 +112,33 @@ def layer_profiles(runs: Runs, metric: str = "grad_norm") -> pd.DataFrame:
     return pd.DataFrame(out, columns=["cell_id", "group", "seed", "status", "phase", "step", "layer", "value"])
 
 
+def _final_val_loss(steps: pd.DataFrame, from_summary) -> float:
+    """summary.json's final_val_loss (the fixed held-out set), else the last logged val_loss."""
+    if from_summary is not None and np.isfinite(float(from_summary)):
+        return float(from_summary)
+    if "val_loss" not in steps:
+        return float("nan")
+    val = steps["val_loss"].to_numpy(dtype=float)
+    val = val[np.isfinite(val)]
+    return float(val[-1]) if val.size else float("nan")
+
+
+def _init_loss(steps: pd.DataFrame) -> float:
+    """Validation loss at step 0 if it was measured, else step 0's training loss."""
+    at_zero = steps[steps["step"] == 0]
+    if at_zero.empty:  # logging started later (or not at all): the initial loss is unknown
+        return float("nan")
+    first = at_zero.iloc[0]
+    for column in ("val_loss", "loss"):
+        if column in first and np.isfinite(float(first[column])):
+            return float(first[column])
+    return float("nan")
+
+
 def cell_metrics(runs: Runs, last_k: int = DEFAULT_LAST_K, spike_z: float = DEFAULT_SPIKE_Z,
                  spike_window: int = DEFAULT_SPIKE_WINDOW) -> pd.DataFrame:
-    """One row per cell: the cells frame plus final_loss, final_val_loss, spikes,
-    max_grad_norm, grad_ratio_{phase}, grad_cv_{phase}, rms_growth, rms_growth_per_layer."""
+    """One row per cell: the cells frame plus final_loss, final_val_loss, init_loss, plateau,
+    spikes, max_grad_norm, grad_ratio_{phase}, grad_cv_{phase}, rms_growth, rms_growth_per_layer."""
     grad_columns = layer_columns(runs.steps, "grad_norm")
     act_columns = layer_columns(runs.steps, "act_norm")
     by_cell = dict(tuple(runs.steps.groupby("cell_id", sort=False))) if not runs.steps.empty else {}
@@ -113,10 +152,11 @@ def cell_metrics(runs: Runs, last_k: int = DEFAULT_LAST_K, spike_z: float = DEFA
             continue
         losses = steps["loss"].to_numpy(dtype=float) if "loss" in steps else np.array([])
         row["final_loss"] = final_loss(losses, last_k) if healthy else float("nan")
-        if "val_loss" in steps:
-            val = steps["val_loss"].to_numpy(dtype=float)
-            val = val[np.isfinite(val)]
-            row["final_val_loss"] = float(val[-1]) if healthy and val.size else float("nan")
+        from_summary = getattr(cell, "summary_final_val_loss", None)
+        row["final_val_loss"] = _final_val_loss(steps, from_summary) if healthy else float("nan")
+        row["init_loss"] = _init_loss(steps)
+        entropy = getattr(cell, "unigram_entropy", None)
+        row["plateau"] = cell.status == "completed" and plateaued(row["final_val_loss"], entropy)
         row["spikes"] = int(spike_mask(losses, spike_z, spike_window).sum())
         if "grad_norm" in steps:
             grad = steps["grad_norm"].to_numpy(dtype=float)
@@ -130,7 +170,7 @@ def cell_metrics(runs: Runs, last_k: int = DEFAULT_LAST_K, spike_z: float = DEFA
             row["rms_growth"] = float(rms[-1] / rms[0]) if rms[0] > 0 else float("nan")
             row["rms_growth_per_layer"] = float(row["rms_growth"] ** (1 / (len(act_columns) - 1)))
         rows.append(row)
-    metric_columns = ["final_loss", "final_val_loss", "spikes", "max_grad_norm",
+    metric_columns = ["final_loss", "final_val_loss", "init_loss", "plateau", "spikes", "max_grad_norm",
                       *[f"grad_{kind}_{phase}" for phase in PHASES for kind in ("ratio", "cv")],
                       "rms_growth", "rms_growth_per_layer"]
     metrics = pd.DataFrame(rows, columns=["cell_id", *metric_columns])

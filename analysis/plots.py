@@ -6,7 +6,9 @@ per-layer plots for runs trained with probes = false). The caller closes the fig
 
 Colours: one `Style` maps each variant to one colour, shared by every plot of a report.
 When a grid has a single variant, the groups (its option settings) get the colours instead.
-Option axes that vary (lr, warmup, ...) become facet panels.
+Option axes that vary (lr, warmup, ...) become facet panels. Every loss plot draws the
+corpus's unigram entropy (the loss of a model that ignores context) as a labelled line, so a
+run stuck on that plateau is visible at a glance.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.cm import ScalarMappable  # noqa: E402
-from matplotlib.colors import LogNorm  # noqa: E402
+from matplotlib.colors import LogNorm, Normalize  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 from scipy import stats as scipy_stats  # noqa: E402
 
@@ -35,6 +37,37 @@ PANEL_SIZE = (4.6, 3.2)  # inches per facet panel
 DIVERGED_COLOUR = "#d62728"
 HEATMAP_CMAP = "viridis"
 PHASE_TITLES = {"init": "at initialisation", "mid": "mid-run", "end": "at the end"}
+ENTROPY_COLOUR = "#555555"
+RAW_ALPHA = 0.25  # the unsmoothed curve, drawn faintly behind the smoothed one
+# Per-layer heatmaps drawn side by side: metric -> (title, colour-bar label, log colour scale).
+LAYER_HEATMAPS = {
+    "grad_norm": ("gradient norm", "gradient norm (L2)", True),
+    "attn_logit_max": ("attention logit max", "max q.k/sqrt(d_head)", False),
+    "cos_sim": ("token cosine similarity", "mean pairwise cosine (1 = rank collapse)", False),
+}
+
+
+def unigram_entropies(cells: pd.DataFrame) -> list[float]:
+    """The distinct unigram entropies (nats/token) recorded for these cells' data."""
+    if "unigram_entropy" not in cells:
+        return []
+    values = pd.to_numeric(cells["unigram_entropy"], errors="coerce").dropna().unique()
+    return sorted(float(v) for v in values)
+
+
+def draw_unigram_entropy(ax, cells: pd.DataFrame, vertical: bool = False) -> None:
+    """The unigram-entropy line, labelled on the plot and in the legend (nothing when the
+    data recorded none, e.g. token shards)."""
+    for entropy in unigram_entropies(cells):
+        label = f"unigram entropy {entropy:.3f} nats"
+        if vertical:
+            ax.axvline(entropy, color=ENTROPY_COLOUR, ls=":", lw=1.1, label=label)
+            ax.annotate("unigram", (entropy, 1.0), xycoords=("data", "axes fraction"), xytext=(2, -10),
+                        textcoords="offset points", fontsize=7, color=ENTROPY_COLOUR)
+        else:
+            ax.axhline(entropy, color=ENTROPY_COLOUR, ls=":", lw=1.1, label=label)
+            ax.annotate("unigram entropy", (0.0, entropy), xycoords=("axes fraction", "data"), xytext=(3, 2),
+                        textcoords="offset points", fontsize=7, color=ENTROPY_COLOUR)
 
 
 @dataclass
@@ -149,21 +182,43 @@ def t_band(values: np.ndarray, confidence: float = 0.95) -> tuple[np.ndarray, np
     return mean, mean - half, mean + half
 
 
+def ema(wide: pd.DataFrame, span: int) -> pd.DataFrame:
+    """Exponential moving average along the steps (columns) of a cell x step frame; NaN where
+    the cell logged nothing (pandas would carry the average on past a run's last step)."""
+    if span <= 1:
+        return wide
+    return wide.T.ewm(span=span, min_periods=1).mean().T.where(wide.notna())
+
+
+def _divergence_point(series: pd.DataFrame, metric: str, step) -> tuple[float, float] | None:
+    """(step, loss) to mark a divergence at: the logged step it diverged at, at its loss if
+    finite, else at the last finite loss before it."""
+    if step is None or not np.isfinite(float(step)):
+        finite = series[np.isfinite(series[metric])]
+        return (float(finite["step"].iloc[-1]), float(finite[metric].iloc[-1])) if not finite.empty else None
+    before = series[(series["step"] <= step) & np.isfinite(series[metric])]
+    if before.empty:
+        return None
+    return float(step), float(before[metric].iloc[-1])
+
+
 @_styled
 def plot_loss_curves(steps: pd.DataFrame, cells: pd.DataFrame, out_dir: Path, style: Style,
                      metric: str = "loss", smooth: int | None = None, dpi: int = 120,
                      name: str = "loss_curves") -> Plot | None:
-    """Training loss against step: one line per variant (mean across seeds) with a 95% band,
-    each diverged cell as its own dashed line ending in an x; a panel per option setting.
-    Each seed's batch losses are first averaged over a trailing window of `smooth` logged
-    steps (default: 1% of the run, so long runs stay readable; 1 = raw)."""
+    """Training loss against step: one line per variant (mean across seeds of each seed's
+    EMA-smoothed loss) with a 95% band and the raw mean faint behind it; each diverged cell
+    as its own dashed line with a red x at the step it diverged; the unigram entropy as a
+    labelled line; a panel per option setting. `smooth` is the EMA span in logged steps
+    (default: 2% of the run; 1 = raw)."""
     if steps.empty or metric not in steps:
         return None
     if smooth is None:
-        smooth = max(1, steps["step"].nunique() // 100)
+        smooth = max(1, steps["step"].nunique() // 50)
     panels = _panels(cells, style)
     fig, axes = _grid(1, len(panels), sharey=True)
     top = -np.inf  # the highest healthy mean or diverged run's first loss, over all panels
+    marks = []  # (axes, step, loss) of each divergence, drawn once the y limits are known
     for ax, (label, members) in zip(axes[0], panels):
         for group, group_cells in members.groupby("group", sort=False):
             colour = style.colour(group_cells[style.hue].iloc[0])
@@ -171,9 +226,10 @@ def plot_loss_curves(steps: pd.DataFrame, cells: pd.DataFrame, out_dir: Path, st
             if not all_diverged and not curve_cells.empty:
                 wide = steps[steps["cell_id"].isin(curve_cells["cell_id"])].pivot_table(
                     index="cell_id", columns="step", values=metric, dropna=False)
-                if smooth > 1:
-                    wide = wide.T.rolling(smooth, min_periods=1).mean().T
-                mean, low, high = t_band(wide.to_numpy(dtype=float))
+                raw = np.nanmean(wide.to_numpy(dtype=float), axis=0) if smooth > 1 else None
+                mean, low, high = t_band(ema(wide, smooth).to_numpy(dtype=float))
+                if raw is not None:
+                    ax.plot(wide.columns, raw, color=colour, lw=0.6, alpha=RAW_ALPHA, label="_raw")
                 ax.plot(wide.columns, mean, color=colour, lw=1.4, label=_label(group_cells, style))
                 ax.fill_between(wide.columns, low, high, color=colour, alpha=0.2, lw=0)
                 top = max(top, np.nanmax(mean))
@@ -181,24 +237,32 @@ def plot_loss_curves(steps: pd.DataFrame, cells: pd.DataFrame, out_dir: Path, st
                 series = steps[steps["cell_id"] == cell.cell_id]
                 ax.plot(series["step"], series[metric], color=colour, lw=0.9, ls="--",
                         label=f"{_label(group_cells, style)} (diverged)")
-                finite = series[np.isfinite(series[metric])]
-                if not finite.empty:
-                    ax.scatter(finite["step"].iloc[-1:], finite[metric].iloc[-1:], marker="x", s=40,
-                               color=DIVERGED_COLOUR, zorder=3, label="divergence")
+                point = _divergence_point(series, metric, getattr(cell, "diverged_at_step", None))
+                if point is not None:
+                    marks.append((ax, *point))
+                    finite = series[np.isfinite(series[metric])]
                     top = max(top, finite[metric].iloc[0])
+        draw_unigram_entropy(ax, members)
         ax.set_title(label or "all cells", fontsize=10)
         ax.set_xlabel("step")
     drawn = steps[steps["cell_id"].isin(cells["cell_id"])][metric].to_numpy(dtype=float)
     lowest = np.nanmin(drawn) if np.isfinite(drawn).any() else np.nan
+    top = max([top, *unigram_entropies(cells)])
     if np.isfinite(top) and np.isfinite(lowest) and top > lowest:
         # A diverged run's loss can reach 1e30; keep the healthy curves readable. The panels
         # share their y axis, so one limit serves them all.
         axes[0][0].set_ylim(lowest - 0.05 * (top - lowest), top + 0.05 * (top - lowest))
+    ceiling = axes[0][0].get_ylim()[1]
+    for ax, step, loss in marks:  # a divergence above the visible range is marked at its top
+        ax.scatter([step], [min(loss, ceiling)], marker="x", s=40, color=DIVERGED_COLOUR, zorder=3,
+                   label="divergence", clip_on=False)
     axes[0][0].set_ylabel(f"training {metric} (nats)")
     _finish(fig, axes, "Training loss per variant: mean across seeds, 95% t-band (dashed = a diverged seed)")
-    smoothing = f", each seed first averaged over {smooth} logged steps" if smooth > 1 else ""
+    smoothing = (f", each seed smoothed by an EMA of span {smooth} logged steps (the raw mean faint behind)"
+                 if smooth > 1 else "")
     caption = (f"Training loss against step, mean across seeds with a 95% t-interval band{smoothing} "
-               "(no band where only one seed ran); each diverged seed is a dashed line ending at a red x.")
+               "(no band where only one seed ran); each diverged seed is a dashed line with a red x at the step "
+               "it diverged; the dotted line is the corpus's unigram entropy.")
     return Plot(name, fig, _save(fig, out_dir, name, dpi), caption)
 
 
@@ -220,18 +284,14 @@ def plot_grad_heatmaps(steps: pd.DataFrame, cells: pd.DataFrame, out_dir: Path, 
                        max_columns: int = 100, dpi: int = 120, name: str = "grad_norm_heatmaps") -> Plot | None:
     """Per-layer gradient norm, layer x step, log colour scale shared by all panels: one
     panel per group (mean across its seeds). Layer 0 (the input side) is at the bottom."""
-    columns = layer_columns(steps, "grad_norm")
-    if not columns:
+    if not layer_columns(steps, "grad_norm"):
         return None
     maps = []
     for group, group_cells in cells.groupby("group", sort=False):
         curve_cells, all_diverged = _curve_cells(group_cells)
-        rows = steps[steps["cell_id"].isin(curve_cells["cell_id"])]
-        if rows.empty:
+        wide = _layer_map(steps, curve_cells["cell_id"], "grad_norm", max_columns)
+        if wide is None:
             continue
-        mean = rows.groupby("step")[columns].mean()  # step x layer, mean across seeds
-        wide = mean.T.set_axis(range(len(columns)))  # layer x step
-        wide = _bin_columns(wide, max_columns).iloc[::-1]  # layer 0 at the bottom
         wide = wide.where(wide > 0)  # a log scale cannot show 0; leave those cells blank
         maps.append((group, group_cells, all_diverged, wide))
     if not maps:
@@ -243,8 +303,7 @@ def plot_grad_heatmaps(steps: pd.DataFrame, cells: pd.DataFrame, out_dir: Path, 
     n_rows = -(-len(maps) // n_cols)
     fig, axes = _grid(n_rows, n_cols)
     for ax, (group, group_cells, all_diverged, wide) in zip(axes.ravel(), maps):
-        sns.heatmap(wide, ax=ax, norm=norm, cmap=HEATMAP_CMAP, cbar=False,
-                    xticklabels=max(1, wide.shape[1] // 6), yticklabels=max(1, wide.shape[0] // 8))
+        _draw_layer_map(ax, wide, norm)
         ax.set_title(group + (" (all seeds diverged)" if all_diverged else ""), fontsize=8,
                      color=style.colour(group_cells[style.hue].iloc[0]))
         ax.set_xlabel("step")
@@ -322,48 +381,191 @@ def plot_residual_rms(act_profiles: pd.DataFrame, cells: pd.DataFrame, out_dir: 
 
 @_styled
 def plot_final_loss(metrics: pd.DataFrame, group_table: pd.DataFrame, out_dir: Path, style: Style,
-                    last_k: int = 10, dpi: int = 120, name: str = "final_loss") -> Plot | None:
-    """Final loss per group: mean with its bootstrap interval (a bar only where there is an
-    interval), each completed seed as a dot, each diverged seed as a red x at the right."""
+                    last_k: int = 10, dpi: int = 120, name: str = "final_loss",
+                    value: str = "final_val_loss") -> Plot | None:
+    """Final validation loss per group: mean with its bootstrap interval (a bar only where
+    there is an interval), each completed seed as a dot, each diverged seed as a red x at the
+    right, the unigram entropy as a labelled vertical line."""
     if group_table.empty:
         return None
     groups = list(group_table["group"])
     fig, ax = plt.subplots(figsize=(7.5, 0.9 + 0.45 * len(groups)))
-    completed = metrics[(metrics["status"] == "completed") & np.isfinite(metrics["final_loss"].astype(float))]
-    finite = completed["final_loss"].astype(float)
-    right = finite.max() if not finite.empty else 1.0
-    span = (finite.max() - finite.min()) if len(finite) > 1 else 0.1
+    completed = metrics[(metrics["status"] == "completed") & np.isfinite(metrics[value].astype(float))]
+    finite = completed[value].astype(float)
+    right = max([finite.max() if not finite.empty else 1.0, *unigram_entropies(metrics)])
+    span = (right - finite.min()) if len(finite) > 1 else 0.1
     diverged_x = right + 0.08 * span
-    for y, row in enumerate(group_table.itertuples()):
-        members = metrics[metrics["group"] == row.group]
+    for y, row in enumerate(group_table.to_dict("records")):
+        members = metrics[metrics["group"] == row["group"]]
         colour = style.colour(members[style.hue].iloc[0])
-        seeds = completed[completed["group"] == row.group]["final_loss"].astype(float)
+        seeds = completed[completed["group"] == row["group"]][value].astype(float)
         if not seeds.empty:
             ax.scatter(seeds, np.full(len(seeds), y) + 0.18, s=14, facecolors="none", edgecolors=colour,
                        label="one seed", zorder=2)
-            mean = row.final_loss_mean
-            has_ci = np.isfinite(row.final_loss_ci_low)
-            xerr = [[mean - row.final_loss_ci_low], [row.final_loss_ci_high - mean]] if has_ci else None
+            mean, low, high = row[f"{value}_mean"], row[f"{value}_ci_low"], row[f"{value}_ci_high"]
+            has_ci = np.isfinite(low)
+            xerr = [[mean - low], [high - mean]] if has_ci else None
             ax.errorbar([mean], [y], xerr=xerr, fmt="o", color=colour, capsize=4, ms=6, zorder=3,
                         label="mean, 95% CI")
             if not has_ci:
                 ax.annotate("no interval", (mean, y), xytext=(6, -3), textcoords="offset points", fontsize=7)
-        n_div = int(row.n_diverged)
+        n_div = int(row["n_diverged"])
         if n_div:
             ax.scatter(np.full(n_div, diverged_x), np.full(n_div, y) - 0.18, marker="x", s=40,
                        color=DIVERGED_COLOUR, label="diverged", zorder=3)
             ax.annotate(f"{n_div} diverged", (diverged_x, y), xytext=(6, -3), textcoords="offset points",
                         fontsize=7, color=DIVERGED_COLOUR)
+    draw_unigram_entropy(ax, metrics, vertical=True)
     ax.set_yticks(range(len(groups)), groups, fontsize=8)
+    ax.set_ylabel("group")
     ax.invert_yaxis()  # first group (the baseline) on top
-    ax.set_xlabel(f"final training loss (nats, mean of the last {last_k} logged steps)")
-    ax.set_title("Final loss per variant: mean and 95% bootstrap CI across seeds", fontsize=11)
+    ax.set_xlabel("final validation loss (nats, held-out set at the end of training)")
+    ax.set_title("Final validation loss per variant: mean and 95% bootstrap CI across seeds", fontsize=11)
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
     ax.legend(unique.values(), unique.keys(), fontsize=7, loc="best")
     fig.tight_layout()
-    caption = (f"Final training loss (mean of the last {last_k} logged steps) per group: the mean with its 95% "
-               "bootstrap interval, each completed seed as a circle, each diverged seed as a red x.")
+    caption = ("Final validation loss (the held-out set at the end of training) per group: the mean with its 95% "
+               "bootstrap interval, each completed seed as a circle, each diverged seed as a red x; the dotted "
+               "line is the corpus's unigram entropy.")
+    return Plot(name, fig, _save(fig, out_dir, name, dpi), caption)
+
+
+@_styled
+def plot_lr_sensitivity(sweeps, metrics: pd.DataFrame, out_dir: Path, style: Style, dpi: int = 120,
+                        name: str = "lr_sensitivity") -> Plot | None:
+    """Final validation loss against learning rate (log x), one line per sweep (variant) with
+    the mean and a 95% t-interval over completed seeds at each lr; each diverged cell a red x
+    at the top of its panel; the unigram entropy as a labelled line; a panel per setting of
+    the other option axes. `sweeps`: lr_sensitivity.Sweep objects."""
+    if not sweeps:
+        return None
+    settings = sorted({tuple(sorted((k, str(v)) for k, v in s.setting.items())) for s in sweeps})
+    fig, axes = _grid(1, len(settings), sharey=True)
+    for ax, setting in zip(axes[0], settings):
+        mine = [s for s in sweeps if tuple(sorted((k, str(v)) for k, v in s.setting.items())) == setting]
+        for sweep in mine:
+            cells = metrics[metrics["group"].isin(list(sweep.groups.values()))]
+            colour = style.colour(cells[style.hue].iloc[0]) if not cells.empty and style.hue in cells else None
+            done = sweep.curve[sweep.curve["status"] == "completed"]
+            wide = done.pivot_table(index="seed", columns="lr", values="loss").reindex(columns=sweep.lrs)
+            mean, low, high = t_band(wide.to_numpy(dtype=float))
+            label = sweep.variant_id if style.hue == "variant_id" else sweep.name
+            ax.plot(wide.columns, mean, marker="o", ms=4, color=colour, lw=1.4, label=label)
+            ax.fill_between(wide.columns, low, high, color=colour, alpha=0.2, lw=0)
+            ax.scatter(done["lr"], done["loss"], s=10, alpha=0.4, color=colour, label="_seed")
+            if sweep.best_lr is not None:
+                ax.scatter([sweep.best_lr], [sweep.best_loss], marker="*", s=90, color=colour, zorder=4,
+                           edgecolors="black", linewidths=0.5, label="best lr")
+            diverged = sweep.curve[sweep.curve["status"] == "diverged"].groupby("lr").size()
+            for lr, n in diverged.items():  # at the top of the panel: they have no final loss
+                ax.scatter([lr], [0.97], marker="x", s=45, color=DIVERGED_COLOUR, zorder=4, clip_on=False,
+                           transform=ax.get_xaxis_transform(), label="diverged (no final loss)")
+                ax.annotate(f"{n}", (lr, 0.97), xycoords=ax.get_xaxis_transform(), xytext=(4, -3),
+                            textcoords="offset points", fontsize=7, color=DIVERGED_COLOUR)
+        draw_unigram_entropy(ax, metrics[metrics["group"].isin([g for s in mine for g in s.groups.values()])])
+        ax.set_xscale("log")
+        ax.set_xlabel("learning rate (log scale)")
+        ax.set_title(", ".join(f"{k}={v}" for k, v in setting) or "all cells", fontsize=10)
+    axes[0][0].set_ylabel("final validation loss (nats)")
+    _finish(fig, axes, "Final validation loss against learning rate: mean and 95% t-interval across seeds")
+    caption = ("Final validation loss against learning rate (log scale), mean over completed seeds with a 95% "
+               "t-interval band, each seed a faint dot, the best lr a star; a red x at the top marks diverged cells "
+               "(their count beside it); the dotted line is the corpus's unigram entropy.")
+    return Plot(name, fig, _save(fig, out_dir, name, dpi), caption)
+
+
+def _layer_map(steps: pd.DataFrame, cell_ids, metric: str, max_columns: int) -> pd.DataFrame | None:
+    """layer x step mean across the cells of a per-layer metric, on the steps that logged it
+    (probes run every `probe_every` steps), binned to at most `max_columns`. None when these
+    cells never logged it."""
+    columns = layer_columns(steps, metric)
+    rows = steps[steps["cell_id"].isin(cell_ids)]
+    if not columns or rows.empty:
+        return None
+    rows = rows.dropna(subset=columns, how="all")
+    if rows.empty:
+        return None
+    mean = rows.groupby("step")[columns].mean()
+    wide = mean.T.set_axis(range(len(columns)))
+    return _bin_columns(wide, max_columns)
+
+
+def _draw_layer_map(ax, wide: pd.DataFrame, norm) -> None:
+    """A layer x step frame as an image, layer 0 at the bottom, ticks at logged steps. An
+    image, not seaborn's heatmap: panels of groups x metrics stay quick to draw and small."""
+    ax.imshow(wide.to_numpy(dtype=float), aspect="auto", origin="lower", norm=norm, cmap=HEATMAP_CMAP,
+              interpolation="nearest")
+    ticks = np.unique(np.linspace(0, wide.shape[1] - 1, min(6, wide.shape[1])).round().astype(int))
+    ax.set_xticks(ticks, [str(int(wide.columns[t])) for t in ticks])
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(False)
+
+
+@_styled
+def plot_probe_heatmaps(steps: pd.DataFrame, cells: pd.DataFrame, out_dir: Path, style: Style,
+                        max_columns: int = 60, dpi: int = 120, name: str = "probe_heatmaps") -> Plot | None:
+    """Per-layer heatmaps side by side, one row per group: gradient norm, attention logit max
+    and token cosine similarity (layer x step; mean across seeds), each metric with its own
+    colour scale shared down its column. None when the runs logged neither probe."""
+    metrics = [m for m in LAYER_HEATMAPS if layer_columns(steps, m)]
+    if not any(m != "grad_norm" for m in metrics):
+        return None
+    rows = []
+    for group, group_cells in cells.groupby("group", sort=False):
+        curve_cells, all_diverged = _curve_cells(group_cells)
+        maps = {m: _layer_map(steps, curve_cells["cell_id"], m, max_columns) for m in metrics}
+        if any(v is not None for v in maps.values()):
+            rows.append((group, group_cells, all_diverged, maps))
+    if not rows:
+        return None
+    scales = {}
+    for metric in metrics:
+        values = np.concatenate([r[3][metric].to_numpy(dtype=float).ravel() for r in rows if r[3][metric] is not None]
+                                or [np.array([])])
+        log = LAYER_HEATMAPS[metric][2]
+        values = values[np.isfinite(values) & ((values > 0) if log else True)]
+        if values.size:
+            low, high = values.min(), max(values.max(), values.min() + 1e-9)  # a constant map needs a range
+            scales[metric] = LogNorm(low, high) if log else Normalize(low, high)
+    fig, axes = _grid(len(rows), len(metrics))
+    for row_index, (axes_row, (group, group_cells, all_diverged, maps)) in enumerate(zip(axes, rows)):
+        top_row = row_index == 0
+        for column, (ax, metric) in enumerate(zip(axes_row, metrics)):
+            title = LAYER_HEATMAPS[metric][0]
+            wide = maps[metric]
+            if wide is None or metric not in scales:
+                ax.set_axis_off()
+                ax.set_title(f"{title}: not logged", fontsize=8)
+                continue
+            if LAYER_HEATMAPS[metric][2]:
+                wide = wide.where(wide > 0)
+            _draw_layer_map(ax, wide, scales[metric])
+            # The metric names the column (top row), the group its row (left column): one label
+            # each instead of one per panel keeps the grid readable and quick to lay out.
+            if top_row:
+                ax.set_title(title, fontsize=9)
+            if column == 0:
+                ax.set_ylabel(f"{group}{' (all seeds diverged)' if all_diverged else ''}\nlayer (0 = input)",
+                              fontsize=7, color=style.colour(group_cells[style.hue].iloc[0]))
+            else:
+                ax.set_ylabel("layer", fontsize=7)
+            ax.set_xlabel("step", fontsize=7)
+    fig.suptitle("Per-layer probes over training (mean across seeds): gradient norm, attention logit max, "
+                 "cosine similarity", fontsize=11)
+    height = fig.get_size_inches()[1]
+    fig.tight_layout(rect=(0, 0.9 / height, 1, 1 - 0.3 / height))  # room for the title and the colour bars
+    for column, metric in enumerate(metrics):  # one colour bar under each column
+        if metric not in scales:
+            continue
+        left = axes[-1][column].get_position()
+        bar = fig.add_axes((left.x0, 0.35 / height, left.width, 0.1 / height))
+        fig.colorbar(ScalarMappable(norm=scales[metric], cmap=HEATMAP_CMAP), cax=bar, orientation="horizontal",
+                     label=LAYER_HEATMAPS[metric][1] + (" (log)" if LAYER_HEATMAPS[metric][2] else ""))
+    caption = ("Per-layer probes against step, one row per group (layer 0 at the bottom, at most "
+               f"{max_columns} step columns): gradient norm (log colour), the largest attention logit, and the mean "
+               "pairwise cosine similarity of token vectors after each block (1 = rank collapse); the probes are "
+               "logged every `probe_every` steps, so their columns are those steps only.")
     return Plot(name, fig, _save(fig, out_dir, name, dpi), caption)
 
 

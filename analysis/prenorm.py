@@ -4,11 +4,13 @@ For every (learning rate, warmup[, depth]) setting, pre-norm and post-norm are c
 seed by seed (same seed = same initial weights and batches, so seeds pair):
 
   outcome   "pre-norm wins" / "post-norm wins" when a paired t-test over seeds of the
-            final-loss difference gives p < alpha, in the direction of the mean difference;
-            also when one placement diverged in every seed and the other in none (a run
-            that diverged has no final loss; it lost). "no significant difference"
-            otherwise, and "not enough seeds to tell" with fewer than two paired seeds.
-  plateau   a completed cell whose final loss is within PLATEAU_MARGIN nats of the
+            final validation-loss difference gives p < alpha after correcting the settings'
+            p-values together (stats.DEFAULT_CORRECTION), in the direction of the mean
+            difference; also when one placement diverged in every seed and the other in none
+            (a run that diverged has no final loss; it lost). "no significant difference"
+            otherwise (with the paired seeds that would tell at 80% power), and "not enough
+            seeds to tell" with fewer than two paired seeds.
+  plateau   a completed cell whose final val loss is within PLATEAU_MARGIN nats of the
             corpus's unigram entropy: it learnt (almost) nothing from context.
 
 Nothing here trains or imports the model; it reads what the grid wrote.
@@ -23,9 +25,10 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 from ablate.analysis.load import Runs
-from ablate.analysis.stats import Interval, bootstrap_ci, paired_p_value
+from ablate.analysis.metrics import PLATEAU_MARGIN, plateaued  # noqa: F401 (PLATEAU_MARGIN: part of this API)
+from ablate.analysis.stats import (CORRECTION_SHORT, DEFAULT_CORRECTION, VERDICT_VALUE, Interval, adjust_p_values,
+                                   bootstrap_ci, paired_p_value, seeds_for_power)
 
-PLATEAU_MARGIN = 0.2
 ALPHA = 0.05
 PRE, POST = "pre", "post"
 SETTING_AXES = ("lr", "warmup", "n_layer")
@@ -65,10 +68,11 @@ class SettingVerdict:
     post: Side
     diff_mean: float | None  # post - pre, over paired seeds (positive: pre-norm lower)
     diff_interval: Interval | None
-    p_value: float | None
+    p_value: float | None  # the paired t-test's, before correction
     n_pairs: int
     outcome: str
     reason: str
+    p_adjusted: float | None = None  # corrected over the grid's settings
 
     def label(self) -> str:
         parts = [f"lr {self.setting['lr']:g}", f"warmup {int(self.setting['warmup'])}"]
@@ -89,9 +93,17 @@ def paired(pre: Side, post: Side) -> tuple[list, np.ndarray, float | None]:
     return seeds, np.subtract(post_losses, pre_losses), p
 
 
-def decide(pre: Side, post: Side, alpha: float = ALPHA):
-    """(outcome, reason, paired differences) for one setting; see the module docstring."""
+_UNCORRECTED = object()
+
+
+def decide(pre: Side, post: Side, alpha: float = ALPHA, p_adjusted=_UNCORRECTED,
+           correction: str = DEFAULT_CORRECTION):
+    """(outcome, reason, paired differences) for one setting; see the module docstring.
+    `p_adjusted`: this setting's p-value after the correction across settings (default:
+    none applied, the raw paired p decides)."""
     seeds, diffs, p = paired(pre, post)
+    corrected = p_adjusted is not _UNCORRECTED
+    decisive = p_adjusted if corrected else p
     if post.diverged and len(post.diverged) == post.n_trained >= 2 and not pre.diverged:
         return "pre-norm wins", f"post-norm diverged in all {post.n_trained} seeds, pre-norm in none", diffs
     if pre.diverged and len(pre.diverged) == pre.n_trained >= 2 and not post.diverged:
@@ -100,11 +112,16 @@ def decide(pre: Side, post: Side, alpha: float = ALPHA):
         return "not enough seeds to tell", f"{len(seeds)} seed(s) completed under both placements; a test needs 2", diffs
     mean = float(diffs.mean())
     stated = f"post - pre = {mean:+.3f} nats over {len(seeds)} paired seeds, paired t-test p={format_p(p)}"
-    if p is not None and p < alpha:
+    if corrected:
+        stated += f", {CORRECTION_SHORT[correction]}-adjusted p={format_p(decisive)}"
+    if decisive is not None and decisive < alpha:
         return ("pre-norm wins" if mean > 0 else "post-norm wins"), stated, diffs
     if p is None and np.allclose(diffs, diffs[0], rtol=0, atol=1e-9) and abs(diffs[0]) > 1e-9:
         # Every seed moved by exactly the same amount: no variance to test, but no doubt either.
         return ("pre-norm wins" if mean > 0 else "post-norm wins"), stated + " (identical differences)", diffs
+    needed = seeds_for_power(diffs, alpha)
+    if needed is not None:
+        stated += f"; about {needed} paired seeds would detect a difference of this size with 80% power"
     return "no significant difference", stated, diffs
 
 
@@ -115,16 +132,13 @@ def format_p(p: float | None) -> str:
     return f"{p:.2g}" if p >= 1e-4 else "<1e-4"
 
 
-def _side(cells: pd.DataFrame) -> Side:
+def _side(cells: pd.DataFrame, value: str = VERDICT_VALUE) -> Side:
     done = cells[cells["status"] == "completed"]
-    losses = {int(r.seed): float(r.final_loss) for r in done.itertuples() if math.isfinite(r.final_loss)}
+    losses = {int(seed): float(loss) for seed, loss in zip(done["seed"], done[value]) if math.isfinite(loss)}
     diverged = tuple(sorted(int(s) for s in cells.loc[cells["status"] == "diverged", "seed"]))
-    plateaued = tuple(sorted(
-        int(r.seed) for r in done.itertuples()
-        if r.unigram_entropy is not None and math.isfinite(r.final_loss)
-        and r.final_loss >= float(r.unigram_entropy) - PLATEAU_MARGIN
-    ))
-    return Side(losses, diverged, plateaued, bootstrap_ci(list(losses.values())))
+    stuck = tuple(sorted(int(seed) for seed, loss, entropy in zip(done["seed"], done[value], done["unigram_entropy"])
+                         if plateaued(loss, entropy)))
+    return Side(losses, diverged, stuck, bootstrap_ci(list(losses.values())))
 
 
 def setting_axes(metrics: pd.DataFrame) -> list[str]:
@@ -135,20 +149,25 @@ def setting_axes(metrics: pd.DataFrame) -> list[str]:
     return axes
 
 
-def setting_verdicts(metrics: pd.DataFrame, alpha: float = ALPHA) -> list[SettingVerdict]:
-    """One verdict per setting, from a `cell_metrics` frame with pre and post cells."""
+def setting_verdicts(metrics: pd.DataFrame, alpha: float = ALPHA,
+                     correction: str = DEFAULT_CORRECTION) -> list[SettingVerdict]:
+    """One verdict per setting, from a `cell_metrics` frame with pre and post cells; the
+    settings' paired p-values are corrected together (`correction`, stats.CORRECTIONS)."""
     if "unigram_entropy" not in metrics:
         metrics = metrics.assign(unigram_entropy=None)
     axes = setting_axes(metrics)
-    out = []
+    sides = []
     for key, cells in metrics.groupby(axes, sort=True):
         key = key if isinstance(key, tuple) else (key,)
-        pre, post = _side(cells[cells["norm"] == PRE]), _side(cells[cells["norm"] == POST])
-        outcome, reason, diffs = decide(pre, post, alpha)
+        sides.append((dict(zip(axes, key)), _side(cells[cells["norm"] == PRE]), _side(cells[cells["norm"] == POST])))
+    raw = [paired(pre, post)[2] for _, pre, post in sides]
+    adjusted = adjust_p_values(raw, correction)
+    out = []
+    for (setting, pre, post), p, p_adjusted in zip(sides, raw, adjusted):
+        outcome, reason, diffs = decide(pre, post, alpha, p_adjusted, correction)
         interval = bootstrap_ci(diffs) if diffs.size else None
-        seeds, _, p = paired(pre, post)
-        out.append(SettingVerdict(dict(zip(axes, key)), pre, post, float(diffs.mean()) if diffs.size else None,
-                                  interval, p, len(seeds), outcome, reason))
+        out.append(SettingVerdict(setting, pre, post, float(diffs.mean()) if diffs.size else None,
+                                  interval, p, int(diffs.size), outcome, reason, p_adjusted))
     return out
 
 

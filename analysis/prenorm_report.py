@@ -9,6 +9,7 @@ import pandas as pd
 from ablate.analysis import plots
 from ablate.analysis.analyse import Analysis
 from ablate.analysis.load import layer_columns
+from ablate.analysis.stats import CORRECTIONS, DEFAULT_CORRECTION
 from ablate.analysis.prenorm import (ALPHA, PLATEAU_MARGIN, PRE, POST, SettingVerdict, format_p, gap_sentences,
                               init_profiles, setting_verdicts, xiong_sentence)
 
@@ -17,13 +18,16 @@ CLAIM = ("post-norm (the 2017 transformer) trains badly without learning-rate wa
 
 
 def _table(verdicts: list[SettingVerdict]) -> str:
-    rows = ["| setting | pre-norm final loss [95% CI] | post-norm final loss [95% CI] | post - pre [95% CI] | paired p | verdict |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| setting | pre-norm final val loss [95% CI] | post-norm final val loss [95% CI] | post - pre [95% CI] "
+            "| paired p | adjusted p | verdict |",
+            "|---|---|---|---|---|---|---|"]
     for v in verdicts:
         diff = "—" if v.diff_mean is None else (
             f"{v.diff_mean:+.3f}" + (f" [{v.diff_interval.low:+.3f}, {v.diff_interval.high:+.3f}]" if v.diff_interval else " (no interval)"))
         p = "—" if v.p_value is None else format_p(v.p_value)
-        rows.append(f"| {v.label()} | {v.pre.describe()} | {v.post.describe()} | {diff} | {p} | {v.outcome} |")
+        adjusted = "—" if v.p_adjusted is None else format_p(v.p_adjusted)
+        rows.append(f"| {v.label()} | {v.pre.describe()} | {v.post.describe()} | {diff} | {p} | {adjusted} "
+                    f"| {v.outcome} |")
     return "\n".join(rows)
 
 
@@ -86,9 +90,10 @@ def verdict_section(analysis: Analysis, alpha: float = ALPHA, verdicts: list[Set
         "",
         f"The claim under test: {CLAIM}. Pre-norm and post-norm cells share everything else, and each seed "
         f"gives both the same initial weights and batches, so they are compared seed by seed "
-        f"({len(seeds)} seed{'s' if len(seeds) != 1 else ''}). A verdict needs a paired t-test p < {alpha} over seeds (or one placement "
-        f"diverging in every seed and the other in none); final loss is the mean training loss of the last "
-        f"{analysis.settings.last_k} steps, in nats. *Plateau* counts completed seeds whose final loss stayed "
+        f"({len(seeds)} seed{'s' if len(seeds) != 1 else ''}). A verdict needs a paired t-test p < {alpha} over seeds after "
+        f"correcting the {len(verdicts)} settings' p-values together ({CORRECTIONS[DEFAULT_CORRECTION]}), or one "
+        "placement diverging in every seed and the other in none; final val loss is the validation loss on the "
+        "held-out set at the end of training, in nats. *Plateau* counts completed seeds whose final val loss stayed "
         f"within {PLATEAU_MARGIN} nats of the corpus's unigram entropy, i.e. learnt almost nothing from context.",
         "",
         _table(verdicts),
@@ -185,16 +190,20 @@ def plot_final_loss_by_setting(analysis: Analysis, verdicts: list[SettingVerdict
                     means.append(side.mean)
                     lows.append(side.mean - (side.interval.low if side.interval else side.mean))
                     highs.append((side.interval.high if side.interval else side.mean) - side.mean)
-                if side.diverged:
-                    ax.scatter([i + offset] * len(side.diverged), [ax.get_ylim()[1]] * len(side.diverged),
-                               marker="x", color=plots.DIVERGED_COLOUR, label="diverged seed")
+                if side.diverged:  # no final loss: at the top of the panel
+                    ax.scatter([i + offset] * len(side.diverged), [0.97] * len(side.diverged), marker="x",
+                               color=plots.DIVERGED_COLOUR, label="diverged seed", transform=ax.get_xaxis_transform(),
+                               clip_on=False)
             ax.errorbar(xs, means, yerr=[lows, highs], marker="o", capsize=4, color=colour, label=f"{placement}-norm")
+        plots.draw_unigram_entropy(ax, metrics)
         ax.set_xticks(range(len(warmups)), [str(int(w)) for w in warmups])
         ax.set_xlabel("warmup (steps)")
-        ax.set_ylabel("final training loss (nats)")
+        ax.set_ylabel("final validation loss (nats)")
         ax.set_title(", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in key), fontsize=9)
-    plots._finish(fig, axes, "Pre- vs post-norm: final loss by learning rate and warmup (mean, 95% CI, seeds as dots)")
-    caption = "Final training loss of pre- and post-norm per learning rate (panels) and warmup (x), mean over seeds with a 95% bootstrap interval."
+    plots._finish(fig, axes, "Pre- vs post-norm: final validation loss by learning rate and warmup (mean, 95% CI, seeds as dots)")
+    caption = ("Final validation loss of pre- and post-norm per learning rate (panels) and warmup (x), mean over seeds "
+               "with a 95% bootstrap interval; diverged seeds as a red x at the top; the dotted line is the unigram "
+               "entropy.")
     return plots.Plot("prenorm_final_loss", fig, plots._save(fig, out_dir, "prenorm_final_loss", dpi), caption)
 
 

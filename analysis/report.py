@@ -17,10 +17,12 @@ import pandas as pd
 
 from ablate.analysis import plots
 from ablate.analysis.analyse import Analysis, Settings, analyse
-from ablate.analysis.metrics import MAD_TO_STD
-from ablate.analysis.stats import divergence_sentence, format_p
+from ablate.analysis.lr_sensitivity import sweep_table
+from ablate.analysis.metrics import MAD_TO_STD, PLATEAU_MARGIN
+from ablate.analysis.stats import CONTROLS, CORRECTION_SHORT, CORRECTIONS, divergence_sentence, format_p
 
 REPORT, SUMMARY_CSV, CELLS_CSV, PLOTS_DIR = "report.md", "summary.csv", "cells.csv", "plots"
+LR_CSV = "lr_sensitivity.csv"  # written when the runs sweep lr over enough values
 LOSS_DIGITS = 4  # losses and their differences in the report table (summary.csv has full precision)
 OTHER_DIGITS = 2
 
@@ -37,6 +39,8 @@ def write_report(path: str | Path, baseline: str | None = None, preamble_section
 
     analysis.summary.to_csv(root / SUMMARY_CSV, index=False)
     analysis.metrics.drop(columns=["path"], errors="ignore").to_csv(root / CELLS_CSV, index=False)
+    if analysis.lr_sweeps:
+        sweep_table(analysis.lr_sweeps).to_csv(root / LR_CSV, index=False)
     written = make_plots(analysis, root / PLOTS_DIR, dpi)
     try:
         text = render(analysis, preamble, written)
@@ -56,7 +60,9 @@ def make_plots(analysis: Analysis, out_dir: Path, dpi: int = 120) -> list[plots.
     made = [
         plots.plot_loss_curves(runs.steps, metrics, out_dir, style, dpi=dpi),
         plots.plot_final_loss(metrics, analysis.summary, out_dir, style, analysis.settings.last_k, dpi=dpi),
+        plots.plot_lr_sensitivity(analysis.lr_sweeps, metrics, out_dir, style, dpi=dpi),
         plots.plot_grad_heatmaps(runs.steps, metrics, out_dir, style, dpi=dpi),
+        plots.plot_probe_heatmaps(runs.steps, metrics, out_dir, style, dpi=dpi),
         plots.plot_grad_profiles(analysis.grad_profiles, metrics, out_dir, style, dpi=dpi),
         plots.plot_residual_rms(analysis.act_profiles, metrics, out_dir, style, dpi=dpi),
     ]
@@ -100,28 +106,38 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-RESULT_COLUMNS = ["group", "completed", "final loss [95% CI]", "Δ vs baseline [95% CI]", "p (Welch)",
-                  "diverged", "spikes", "grad-norm max/min (end)", "residual RMS growth"]
+RESULT_COLUMNS = ["group", "completed", "final val loss [95% CI]", "train loss", "Δ vs baseline [95% CI]", "test",
+                  "p", "p adjusted", "diverged", "spikes", "grad-norm max/min (end)", "residual RMS growth"]
+TEST_NAMES = {"paired t-test": "paired", "Welch t-test": "Welch"}
+
+
+def _p_or_dash(p) -> str:
+    return format_p(None if p is None or (isinstance(p, float) and math.isnan(p)) else p).replace("no p-value", "—")
 
 
 def results_rows(summary: pd.DataFrame) -> list[list[str]]:
     """The results table, one row per group, from summary.csv's columns."""
     rows = []
-    for r in summary.itertuples(index=False):
-        if r.baseline == r.group:
-            delta, p = "baseline", "—"
-        elif not r.baseline:
-            delta, p = "no baseline at these settings", "—"
+    for r in summary.to_dict("records"):
+        test, p, adjusted = "—", "—", "—"
+        if r["baseline"] == r["group"]:
+            delta = "baseline"
+        elif not r["baseline"]:
+            delta = "no baseline at these settings"
         else:
-            note = "no interval: one seed" if r.n_pairs == 1 else "no seeds in common" if r.n_pairs == 0 else "no interval"
-            delta = _interval(r.delta_vs_baseline, r.delta_ci_low, r.delta_ci_high, note, signed=True)
-            p = format_p(None if math.isnan(r.p_value) else r.p_value).replace("no p-value", "—")
-        rate = f"{r.divergence} ({r.divergence_rate:.0%})" if not math.isnan(r.divergence_rate) else r.divergence
+            note = ("no interval: one seed" if r["n_pairs"] == 1 else "no seeds in common" if r["n_pairs"] == 0
+                    else "no interval")
+            delta = _interval(r["delta_vs_baseline"], r["delta_ci_low"], r["delta_ci_high"], note, signed=True)
+            test = TEST_NAMES.get(r["test"], "—") if isinstance(r["test"], str) else "—"
+            p, adjusted = _p_or_dash(r["p_value"]), _p_or_dash(r["p_adjusted"])
+        rate = (f"{r['divergence']} ({r['divergence_rate']:.0%})" if not math.isnan(r["divergence_rate"])
+                else r["divergence"])
         rows.append([
-            f"`{r.group}`", f"{r.n_values} of {r.n_cells}",
-            _interval(r.final_loss_mean, r.final_loss_ci_low, r.final_loss_ci_high, r.interval),
-            delta, p, rate, fmt(getattr(r, "spikes", np.nan), OTHER_DIGITS),
-            fmt(getattr(r, "grad_ratio_end", np.nan), OTHER_DIGITS), fmt(getattr(r, "rms_growth", np.nan), OTHER_DIGITS),
+            f"`{r['group']}`", f"{r['n_values']} of {r['n_cells']}",
+            _interval(r["final_val_loss_mean"], r["final_val_loss_ci_low"], r["final_val_loss_ci_high"], r["interval"]),
+            fmt(r.get("final_loss", np.nan)), delta, test, p, adjusted, rate,
+            fmt(r.get("spikes", np.nan), OTHER_DIGITS),
+            fmt(r.get("grad_ratio_end", np.nan), OTHER_DIGITS), fmt(r.get("rms_growth", np.nan), OTHER_DIGITS),
         ])
     return rows
 
@@ -132,7 +148,7 @@ def render(analysis: Analysis, preamble: list[str], written: list[plots.Plot]) -
     runs = analysis.runs
     title = f"# Ablation report: {runs.name}" if runs.kind == "grid" else f"# Run report: {runs.name}"
     parts = [title, *preamble, _what_was_run(analysis), _results(analysis), _comparisons(analysis),
-             _plots(written), _cells(analysis), _method(analysis)]
+             _lr_sensitivity(analysis), _plots(written), _cells(analysis), _method(analysis)]
     if runs.skipped:
         parts.append("## Warnings\n\n" + "\n".join(f"- {line}" for line in runs.skipped))
     return "\n\n".join(p for p in parts if p) + "\n"
@@ -196,12 +212,15 @@ def _results(analysis: Analysis) -> str:
     summary = analysis.summary
     if summary.empty:
         return "## Results\n\nNo cell has started yet: nothing to report."
-    k = analysis.settings.last_k
+    s = analysis.settings
     text = ["## Results",
-            f"Final loss is the mean training loss of the last {k} logged steps (nats), averaged over completed "
-            f"seeds with a {analysis.settings.confidence:.0%} bootstrap interval; Δ is the group minus its baseline, "
-            "paired by seed (negative = lower loss than the baseline). Diverged seeds have no final loss and are "
-            "counted under *diverged*. The same numbers, unrounded, are in `summary.csv` (per cell: `cells.csv`).",
+            "Final val loss is the validation loss on the held-out set at the end of training (nats), averaged over "
+            f"completed seeds with a {s.confidence:.0%} bootstrap interval; *train loss* is the mean training loss "
+            f"of the last {s.last_k} logged steps. Δ is the group minus its baseline in final val loss (negative = "
+            "lower than the baseline), paired by seed where the seeds pair (*test* paired), else the difference of "
+            f"the means (*test* Welch); *p adjusted* is corrected for the {_n_tests(analysis)} tests of this report "
+            f"together ({CORRECTIONS[s.correction]}). Diverged seeds have no final loss and are counted under "
+            "*diverged*. The same numbers, unrounded, are in `summary.csv` (per cell: `cells.csv`).",
             _table(RESULT_COLUMNS, results_rows(summary))]
     running = int(summary["n_running"].sum())
     failed = int(summary["n_failed"].sum())
@@ -228,7 +247,68 @@ def _comparisons(analysis: Analysis) -> str:
                 sentences.append(sentence)
     if not sentences:
         return "## Comparisons\n\nOnly one group ran: there is nothing to compare it with."
-    return "## Comparisons\n\n" + "\n".join(f"- {s}" for s in sentences)
+    s = analysis.settings
+    lead = (f"Final validation loss against the baseline; significant means {CORRECTION_SHORT[s.correction]}-adjusted "
+            f"p < {s.alpha:g} ({CORRECTIONS[s.correction]} over this report's {_n_tests(analysis)} tests).")
+    return "## Comparisons\n\n" + lead + "\n\n" + "\n".join(f"- {s}" for s in sentences)
+
+
+def _n_tests(analysis: Analysis) -> int:
+    """The size of the family the p-values were corrected over (comparisons with a p-value)."""
+    return sum(c.p_value is not None for c in [*analysis.comparisons, *analysis.lr_comparisons])
+
+
+LR_COLUMNS = ["sweep", "learning rates", "seeds", "best lr", "best loss [95% CI]", "LR sensitivity [95% CI]",
+              "basin (decades)", "first unstable lr"]
+
+
+def _lr_rows(analysis: Analysis) -> list[list[str]]:
+    rows = []
+    for sw in analysis.lr_sweeps:
+        note = "no interval: one seed" if len(sw.curve.loc[sw.curve["lr"] == sw.best_lr]) == 1 else "no interval"
+        best = "—" if sw.best_loss is None else _interval(sw.best_loss, *_bounds(sw.best_interval), note)
+        sensitivity = ("— (no seed has every lr)" if sw.sensitivity is None
+                       else _interval(sw.sensitivity, *_bounds(sw.sensitivity_interval), "no interval: one seed"))
+        if sw.basin is None:
+            width = "—"
+        else:
+            width = (f"{'≥ ' if sw.basin_open else ''}{sw.basin_decades:.2f} ({sw.basin[0]:g} to {sw.basin[1]:g})")
+        unstable = f"{sw.unstable_lr:g} ({sw.unstable_why})" if sw.unstable_lr is not None else "none in the sweep"
+        best_lr = "—" if sw.best_lr is None else f"{sw.best_lr:g} (best for {sw.best_for} of {sw.n_seeds} seeds)"
+        rows.append([f"`{sw.name}`", ", ".join(f"{lr:g}" for lr in sw.lrs), str(sw.n_seeds), best_lr, best,
+                     sensitivity, width, unstable])
+    return rows
+
+
+def _bounds(interval) -> tuple:
+    return (interval.low, interval.high) if interval is not None else (None, None)
+
+
+def _lr_sensitivity(analysis: Analysis) -> str:
+    if not analysis.lr_sweeps:
+        return ""
+    s = analysis.settings
+    text = [
+        "## Learning-rate sensitivity",
+        f"For every set of cells that differ only in learning rate and seed ({s.min_lrs} or more learning rates): "
+        "*LR sensitivity* (Wortsman et al. 2023) is the mean over the swept learning rates of min(final val loss, "
+        "loss at initialisation) minus the best of them, per seed, averaged over the seeds that have a result at "
+        f"every lr, with a {s.confidence:.0%} bootstrap interval; a diverged cell counts at the loss at "
+        "initialisation; 0 means the loss does not depend on the learning rate. *Best lr* minimises the mean of "
+        "that clipped loss over seeds; *best loss* is its value there. The *basin* is the run of swept learning "
+        f"rates around the best whose mean loss stays within {s.basin_tolerance:g} nats of the best, in decades "
+        "(≥ where it reaches the end of the sweep). *First unstable lr* is the smallest lr at which a seed "
+        f"diverged, or plateaued (final val loss within {PLATEAU_MARGIN:g} nats of the unigram entropy) above the "
+        "best lr.",
+        _table(LR_COLUMNS, _lr_rows(analysis)),
+        f"Unrounded, with each sweep's settings: `{LR_CSV}`.",
+    ]
+    if analysis.lr_comparisons:
+        text.append("LR sensitivity against the baseline's sweep, paired by seed (the same seed gives both the same "
+                    f"batches), p-values adjusted with the rest of the report ({CORRECTION_SHORT[s.correction]}):")
+        text.append("\n".join(f"- {c.sentence()}" for c in analysis.lr_comparisons))
+    text.append("The loss-against-learning-rate plot is `plots/lr_sensitivity.png` (under Plots).")
+    return "\n\n".join(text)
 
 
 def _plots(written: list[plots.Plot]) -> str:
@@ -257,13 +337,20 @@ def _cells(analysis: Analysis) -> str:
             note = "running (no summary.json yet)"
         else:
             note = ""
-        rows.append([f"`{c.cell_id}`", c.status, progress, fmt(c.final_loss), fmt(c.final_val_loss),
+        if c.status == "completed" and _true(getattr(c, "plateau", False)):
+            note = "plateau: final val loss near the unigram entropy"
+        rows.append([f"`{c.cell_id}`", c.status, progress, fmt(c.final_val_loss), fmt(c.final_loss),
                      fmt(c.spikes, 0), fmt(c.max_grad_norm, OTHER_DIGITS), note])
-    text = "## Cells\n\n" + _table(["cell", "status", "steps logged / planned", "final loss", "final val loss",
+    text = "## Cells\n\n" + _table(["cell", "status", "steps logged / planned", "final val loss", "train loss",
                                     "spikes", "max grad norm", "note"], rows)
     if analysis.runs.pending:
         text += "\n\nNot started yet: " + ", ".join(f"`{c}`" for c in analysis.runs.pending)
     return text
+
+
+def _true(value) -> bool:
+    """A flag from a frame column that may hold NaN where a cell had no metrics."""
+    return isinstance(value, (bool, np.bool_)) and bool(value)
 
 
 def _method(analysis: Analysis) -> str:
@@ -271,8 +358,9 @@ def _method(analysis: Analysis) -> str:
     return "\n".join([
         "## Method",
         "",
-        f"- **Final loss**: mean training loss of the last {s.last_k} logged steps; **final val loss**: the last "
-        "validation loss. A cell that diverged or failed has neither.",
+        "- **Final val loss** (what every comparison uses): the validation loss on the fixed held-out set at the "
+        f"end of training (summary.json `final_val_loss`); **train loss**: the mean training loss of the last "
+        f"{s.last_k} logged steps. A cell that diverged or failed has neither.",
         f"- **Spike**: a logged step whose loss exceeds the median of the {s.spike_window} logged losses before it "
         f"by more than {s.spike_z:g} robust standard deviations ({MAD_TO_STD} × median absolute deviation).",
         "- **Grad-norm spread**: max/min ratio (and coefficient of variation, in summary.csv) of the per-layer "
@@ -283,8 +371,13 @@ def _method(analysis: Analysis) -> str:
         f"(scipy.stats.bootstrap, {s.n_resamples} resamples, seed {s.seed}). With a handful of seeds a bootstrap "
         "interval is approximate and tends to be narrow; with one seed there is none.",
         "- **Comparisons**: paired by seed (the same seed gives the same initial weights and batches) over the seeds "
-        "that completed in both groups; the p-value is a two-sided Welch t-test on those seeds' final losses, "
-        "significant below 0.05. Welch's test ignores the pairing; because paired seeds share their batches, "
-        "a paired t-test is often more sensitive: its p-value is `p_value_paired` in summary.csv. "
+        "that completed in both groups, with a two-sided paired t-test on the per-seed differences; where the "
+        "groups share fewer than two seeds, or train on different batches (model, batch size, context or data "
+        "differ), the difference of the two means with a two-sided Welch t-test instead. The p-values of all the "
+        f"report's tests (final val loss and LR sensitivity) are corrected together with {CORRECTIONS[s.correction]} "
+        f"({CONTROLS[s.correction]}); significant below {s.alpha:g} after correction. A *no significant "
+        "difference* states how many paired "
+        f"seeds would detect the observed mean difference with {s.power:.0%} power (two-sided paired t-test at "
+        f"{s.alpha:g}, the observed spread of the differences, noncentral t: `seeds_for_power` in summary.csv). "
         "**Divergence rate**: diverged / (completed + diverged).",
     ])

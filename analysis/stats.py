@@ -1,4 +1,13 @@
-"""Statistics across seeds: intervals, paired comparisons against a baseline, divergence rates.
+"""Statistics across seeds: intervals, paired comparisons against a baseline, divergence rates,
+multiple-testing correction and the number of seeds a test would need.
+
+Two cells with the same seed start from the same weights and see the same batches, so their
+difference is the variant alone: such cells are compared with the paired t-test on the
+per-seed differences. Welch's t-test (which ignores pairing) is used only where the two sides
+share fewer than two seeds or train on different batches (model, batch size, context or data
+differ). The p-values of one report are corrected together (Benjamini-Hochberg by default,
+Holm on request); a "no significant difference" comes with the number of seeds at which a
+paired t-test would detect the observed mean difference with 80% power.
 
 Only finished cells count: a `completed` cell contributes its final loss; a `diverged` cell
 has none and counts in the divergence rate instead; `failed` cells (a Python error, not a
@@ -8,7 +17,7 @@ values there is no interval and no p-value: the result says so instead of a numb
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -18,6 +27,18 @@ DEFAULT_CONFIDENCE = 0.95
 DEFAULT_RESAMPLES = 9999
 DEFAULT_SEED = 0  # the bootstrap's seed: the same runs always give the same interval
 DEFAULT_ALPHA = 0.05
+DEFAULT_POWER = 0.8
+# Multiple-testing corrections by name: what `--correction` accepts and the report spells out.
+CORRECTIONS = {"bh": "Benjamini-Hochberg", "holm": "Holm"}
+CONTROLS = {"bh": "false discovery rate", "holm": "family-wise error rate"}  # what each correction bounds
+CORRECTION_SHORT = {"bh": "BH", "holm": "Holm"}
+DEFAULT_CORRECTION = "bh"
+PAIRED, WELCH = "paired t-test", "Welch t-test"
+# Options that change which batches a seed gives (or their tokens): cells that differ in one of
+# them share a seed but not their data, so they do not pair. Depth, width or lr change the
+# initial weights or the updates, not the batches: those cells still pair.
+BATCH_KEYS = ("model", "batch_size", "seq_len", "data")
+MAX_SEEDS = 100_000  # seeds_for_power gives up above this: the difference is too small to chase
 
 
 @dataclass(frozen=True)
@@ -68,17 +89,90 @@ def paired_p_value(a, b) -> float | None:
     return float(p) if math.isfinite(p) else None
 
 
-def finished_values(cells: pd.DataFrame, value: str = "final_loss") -> pd.DataFrame:
+def paired_power(effect_size: float, n: int, alpha: float = DEFAULT_ALPHA) -> float:
+    """Power of the two-sided paired t-test with `n` pairs when the differences have mean /
+    standard deviation `effect_size` (Cohen's d_z): the noncentral t distribution's mass
+    beyond the critical values (scipy.stats.nct)."""
+    df = n - 1
+    critical = scipy_stats.t.ppf(1 - alpha / 2, df)
+    noncentrality = abs(effect_size) * math.sqrt(n)  # the test is symmetric in the sign
+    near = scipy_stats.nct.sf(critical, df, noncentrality)
+    if not math.isfinite(near):
+        near = 1.0 - scipy_stats.nct.cdf(critical, df, noncentrality)
+    # The tail on the far side is tiny; scipy returns NaN for some of those (e.g. df 1, nc 14).
+    far = scipy_stats.nct.cdf(-critical, df, noncentrality)
+    return float(near + (far if math.isfinite(far) else 0.0))
+
+
+def seeds_for_power(differences, alpha: float = DEFAULT_ALPHA, power: float = DEFAULT_POWER,
+                    max_seeds: int = MAX_SEEDS) -> int | None:
+    """The smallest number of paired seeds at which a two-sided paired t-test at `alpha` would
+    detect a true mean difference equal to the observed one (with the observed spread) with
+    probability `power`. None when it cannot be estimated: fewer than two differences, a mean
+    of zero or differences that do not vary, or more than `max_seeds` seeds needed."""
+    d = np.asarray(differences, dtype=float)
+    d = d[np.isfinite(d)]
+    if d.size < 2 or not _varies(d) or d.mean() == 0:
+        return None
+    effect = abs(float(d.mean())) / float(d.std(ddof=1))
+    if paired_power(effect, max_seeds, alpha) < power:
+        return None
+    low, high = 1, 2  # power(low) < target (one pair has no test), power(high) to be found
+    while paired_power(effect, high, alpha) < power:
+        low, high = high, high * 2
+    while high - low > 1:  # power grows with n: bisect for the first n that reaches it
+        middle = (low + high) // 2
+        low, high = (middle, high) if paired_power(effect, middle, alpha) < power else (low, middle)
+    return min(high, max_seeds)
+
+
+def holm(p_values) -> np.ndarray:
+    """Holm's step-down adjusted p-values (controls the family-wise error rate): the i-th
+    smallest of m p-values is multiplied by (m - i), made non-decreasing, capped at 1."""
+    p = np.asarray(p_values, dtype=float)
+    order = np.argsort(p, kind="stable")
+    m = p.size
+    stepped = np.maximum.accumulate((m - np.arange(m)) * p[order])
+    adjusted = np.empty(m)
+    adjusted[order] = np.minimum(stepped, 1.0)
+    return adjusted
+
+
+def adjust_p_values(p_values, method: str = DEFAULT_CORRECTION) -> list[float | None]:
+    """Correct a family of p-values for multiple testing; None entries (no test) stay None and
+    do not count in the family. `method`: "bh" (Benjamini-Hochberg, scipy.stats.
+    false_discovery_control) or "holm"."""
+    if method not in CORRECTIONS:
+        raise ValueError(f"unknown correction {method!r}; valid: {', '.join(CORRECTIONS)}")
+    present = [i for i, p in enumerate(p_values) if p is not None and math.isfinite(p)]
+    out: list[float | None] = [None] * len(p_values)
+    if not present:
+        return out
+    raw = np.array([p_values[i] for i in present], dtype=float)
+    adjusted = holm(raw) if method == "holm" else scipy_stats.false_discovery_control(raw, method="bh")
+    for i, p in zip(present, np.atleast_1d(adjusted)):
+        out[i] = float(p)
+    return out
+
+
+# The loss a verdict or report compares: the validation loss at the end of training, on the
+# fixed held-out set (summary.json `final_val_loss`). The training-loss mean is a column.
+VERDICT_VALUE = "final_val_loss"
+VALUE_NAMES = {"final_val_loss": "final validation loss", "lr_sensitivity": "LR sensitivity"}  # in sentences
+
+
+def finished_values(cells: pd.DataFrame, value: str = VERDICT_VALUE) -> pd.DataFrame:
     """Completed cells with a finite `value`: the ones statistics are computed on."""
     ok = (cells["status"] == "completed") & np.isfinite(pd.to_numeric(cells[value], errors="coerce"))
     return cells[ok]
 
 
-def group_stats(cells: pd.DataFrame, value: str = "final_loss", confidence: float = DEFAULT_CONFIDENCE,
+def group_stats(cells: pd.DataFrame, value: str = VERDICT_VALUE, confidence: float = DEFAULT_CONFIDENCE,
                 n_resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED) -> pd.DataFrame:
     """One row per group (in order of first appearance) from a cell_metrics frame: counts by
     status, mean / std / bootstrap interval of `value` over completed seeds, the divergence
-    rate (diverged / (completed + diverged)), and the mean of the other stability metrics."""
+    rate (diverged / (completed + diverged)), and the mean of the other stability metrics
+    (the training-loss mean `final_loss` among them)."""
     rows = []
     for group, members in cells.groupby("group", sort=False):
         done = finished_values(members, value)
@@ -102,9 +196,10 @@ def group_stats(cells: pd.DataFrame, value: str = "final_loss", confidence: floa
             "divergence": f"{counts['diverged']}/{trained}",
         }
         settled = members[members["status"].isin(["completed", "diverged"])]
-        for metric, how in [("final_val_loss", "mean"), ("spikes", "mean"), ("max_grad_norm", "max"),
-                            ("grad_ratio_end", "mean"), ("grad_cv_end", "mean"), ("rms_growth", "mean")]:
-            if metric in settled:
+        for metric, how in [("final_loss", "mean"), ("final_val_loss", "mean"), ("spikes", "mean"),
+                            ("max_grad_norm", "max"), ("grad_ratio_end", "mean"), ("grad_cv_end", "mean"),
+                            ("rms_growth", "mean")]:
+            if metric in settled and metric != value:
                 column = pd.to_numeric(settled[metric], errors="coerce")
                 row[metric] = float(getattr(column, how)()) if column.notna().any() else float("nan")
         rows.append(row)
@@ -121,37 +216,73 @@ def interval_note(n_values: int, confidence: float = DEFAULT_CONFIDENCE) -> str:
 
 @dataclass(frozen=True)
 class Comparison:
-    """`group` minus `baseline`, paired by seed, over seeds that completed in both."""
+    """`group` minus `baseline` on `value`: paired by seed where the two share seeds (and
+    batches), otherwise the difference of the two groups' means with Welch's test."""
 
     group: str
     baseline: str
     value: str
-    seeds: tuple
+    seeds: tuple  # the paired seeds; () when unpaired
     mean_group: float | None
     mean_baseline: float | None
-    mean_diff: float | None  # mean over paired seeds of (group - baseline)
-    ci_low: float | None  # bootstrap interval of the mean paired difference
+    mean_diff: float | None  # paired: mean of (group - baseline) per seed; unpaired: difference of means
+    ci_low: float | None  # bootstrap interval of mean_diff
     ci_high: float | None
-    p_value: float | None  # Welch t-test on the paired seeds' values of the two groups
+    p_value: float | None  # of `test`, before correction
     confidence: float = DEFAULT_CONFIDENCE
-    # Welch's test (what the report's sentences use) ignores the pairing; with shared batches
-    # the paired test is often far more sensitive, so it is kept alongside, in summary.csv.
-    p_value_paired: float | None = None
+    test: str | None = None  # PAIRED, WELCH, or None (no test possible)
     n_group: int = 0  # completed seeds of each side, paired or not (why there may be no pairs)
     n_baseline: int = 0
+    differences: tuple = ()  # the per-seed paired differences
+    p_adjusted: float | None = None  # after the report's multiple-testing correction
+    correction: str | None = None  # its key in CORRECTIONS
+    alpha: float = DEFAULT_ALPHA
+    power: float = DEFAULT_POWER
 
     @property
     def n_pairs(self) -> int:
         return len(self.seeds)
 
-    def significant(self, alpha: float = DEFAULT_ALPHA) -> bool:
-        return self.p_value is not None and self.p_value < alpha
+    @property
+    def paired(self) -> bool:
+        return self.test == PAIRED
 
-    def sentence(self, unit: str = "nats", alpha: float = DEFAULT_ALPHA, digits: int = 4) -> str:
+    @property
+    def p_decisive(self) -> float | None:
+        """The p-value significance is judged on: corrected when a correction was applied."""
+        return self.p_adjusted if self.correction else self.p_value
+
+    @property
+    def seeds_needed(self) -> int | None:
+        """Paired seeds at which this mean difference would be detected with `power`."""
+        return seeds_for_power(self.differences, self.alpha, self.power) if self.paired else None
+
+    def significant(self, alpha: float | None = None) -> bool:
+        p = self.p_decisive
+        return p is not None and p < (self.alpha if alpha is None else alpha)
+
+    def _p_text(self) -> str:
+        name = "paired t-test" if self.paired else "Welch t-test"
+        text = f"{name} {format_p(self.p_value)}"
+        if self.correction:
+            text += f", {CORRECTION_SHORT[self.correction]}-adjusted {format_p(self.p_adjusted)}"
+        return text
+
+    def power_note(self) -> str:
+        """What more seeds would do, for a difference that is not significant."""
+        if not self.paired:
+            return "the seeds do not pair, so there is no paired power estimate"
+        needed = self.seeds_needed
+        if needed is None:
+            return f"more than {MAX_SEEDS:,} seeds would be needed to detect a difference this small"
+        return (f"about {needed} paired seeds would detect a difference of this size with {self.power:.0%} power "
+                f"(paired t-test at alpha {self.alpha:g} before correction)")
+
+    def sentence(self, unit: str = "nats", alpha: float | None = None, digits: int = 4) -> str:
         """One plain sentence stating what the numbers show (and what they cannot)."""
         g, b = f"`{self.group}`", f"`{self.baseline}`"
-        what = self.value.replace("_", " ")
-        if self.n_pairs == 0:
+        what = VALUE_NAMES.get(self.value, self.value.replace("_", " "))
+        if self.mean_diff is None:
             if self.n_group == 0:
                 return f"{g} has no completed seed, so its {what} cannot be compared with {b}."
             if self.n_baseline == 0:
@@ -159,51 +290,100 @@ class Comparison:
             return f"{g} vs {b}: no seed completed in both, so there is nothing to compare."
         size = abs(self.mean_diff)
         direction = "lower" if self.mean_diff < 0 else "higher"
-        if self.n_pairs == 1:
+        if self.test is None and self.n_pairs <= 1:
             if self.mean_diff == 0:
                 return f"{g} and {b} have the same {what} on the one seed both completed: only one seed, no interval."
             return (f"{g} has a {direction} {what} than {b} by {size:.{digits}f} {unit} on the one seed "
                     f"both completed (seed {self.seeds[0]}): only one seed, no interval and no p-value.")
         ci = (f"{self.confidence:.0%} CI of the difference {self.ci_low:+.{digits}f} to {self.ci_high:+.{digits}f}"
               if self.ci_low is not None else "no interval")
-        seeds = f"{self.n_pairs} paired seeds"
+        seeds = (f"{self.n_pairs} paired seeds" if self.paired
+                 else f"unpaired: {self.n_group} and {self.n_baseline} seeds")
         if self.p_value is None:
             return (f"{g} differs from {b} by {self.mean_diff:+.{digits}f} {unit} ({ci}, {seeds}); the seeds do "
                     f"not vary, so there is no p-value.")
         if self.significant(alpha):
             return (f"{g} has a {direction} {what} than {b} by {size:.{digits}f} {unit} "
-                    f"({ci}, Welch {format_p(self.p_value)}, {seeds}).")
+                    f"({ci}, {self._p_text()}, {seeds}).")
         return (f"No significant difference between {g} and {b}: difference {self.mean_diff:+.{digits}f} {unit} "
-                f"({ci}, Welch {format_p(self.p_value)}, {seeds}).")
+                f"({ci}, {self._p_text()}, {seeds}); {self.power_note()}.")
 
 
-def paired_comparison(cells: pd.DataFrame, group: str, baseline: str, value: str = "final_loss",
+
+def _share_batches(cells: pd.DataFrame, group: str, baseline: str) -> bool:
+    """Whether the same seed gives both groups the same batches (see BATCH_KEYS)."""
+    a, b = cells[cells["group"] == group], cells[cells["group"] == baseline]
+    for key in BATCH_KEYS:
+        if key in cells and not a.empty and not b.empty:
+            if str(a[key].iloc[0]) != str(b[key].iloc[0]):
+                return False
+    return True
+
+
+def difference_ci(a, b, confidence: float = DEFAULT_CONFIDENCE, n_resamples: int = DEFAULT_RESAMPLES,
+                  seed: int = DEFAULT_SEED) -> Interval | None:
+    """Bootstrap interval of mean(a) - mean(b) for independent samples (each resampled on its
+    own); None when either side has fewer than two values."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.size < 2 or b.size < 2:
+        return None
+    if not (_varies(a) or _varies(b)):
+        diff = float(a.mean() - b.mean())
+        return Interval(diff, diff, confidence)
+    result = scipy_stats.bootstrap((a, b), lambda x, y, axis=-1: np.mean(x, axis=axis) - np.mean(y, axis=axis),
+                                   confidence_level=confidence, n_resamples=n_resamples, method="percentile",
+                                   rng=np.random.default_rng(seed))
+    ci = result.confidence_interval
+    return Interval(float(ci.low), float(ci.high), confidence)
+
+
+def paired_comparison(cells: pd.DataFrame, group: str, baseline: str, value: str = VERDICT_VALUE,
                       confidence: float = DEFAULT_CONFIDENCE, n_resamples: int = DEFAULT_RESAMPLES,
                       seed: int = DEFAULT_SEED) -> Comparison:
-    """Compare `group` with `baseline` on the seeds that completed in both (same seed = same
-    initial weights and batches, so the difference is the variant alone)."""
+    """Compare `group` with `baseline`: on the seeds that completed in both with the paired
+    t-test (same seed = same initial weights and batches, so the difference is the variant
+    alone) when there are two such seeds and the groups share batches; otherwise on all
+    completed seeds of each with Welch's t-test."""
     done = finished_values(cells, value)
     a = done[done["group"] == group].set_index("seed")[value]
     b = done[done["group"] == baseline].set_index("seed")[value]
     seeds = sorted(set(a.index) & set(b.index))
     counts = {"n_group": len(a), "n_baseline": len(b)}
-    a, b = a.loc[seeds].to_numpy(dtype=float), b.loc[seeds].to_numpy(dtype=float)
-    if not seeds:
-        return Comparison(group, baseline, value, (), None, None, None, None, None, None, confidence, **counts)
-    interval = bootstrap_ci(a - b, confidence, n_resamples, seed)
-    return Comparison(
-        group, baseline, value, tuple(seeds), float(a.mean()), float(b.mean()), float((a - b).mean()),
-        interval.low if interval else None, interval.high if interval else None, welch_p_value(a, b), confidence,
-        paired_p_value(a, b), **counts,
-    )
+    pairs = _share_batches(cells, group, baseline)
+    if pairs and len(seeds) >= 2:
+        x, y = a.loc[seeds].to_numpy(dtype=float), b.loc[seeds].to_numpy(dtype=float)
+        interval = bootstrap_ci(x - y, confidence, n_resamples, seed)
+        return Comparison(group, baseline, value, tuple(seeds), float(x.mean()), float(y.mean()),
+                          float((x - y).mean()), interval.low if interval else None,
+                          interval.high if interval else None, paired_p_value(x, y), confidence, PAIRED,
+                          differences=tuple(float(d) for d in x - y), **counts)
+    if len(a) >= 2 and len(b) >= 2:  # the seeds do not pair: compare the two groups' means
+        x, y = a.to_numpy(dtype=float), b.to_numpy(dtype=float)
+        interval = difference_ci(x, y, confidence, n_resamples, seed)
+        return Comparison(group, baseline, value, (), float(x.mean()), float(y.mean()), float(x.mean() - y.mean()),
+                          interval.low if interval else None, interval.high if interval else None,
+                          welch_p_value(x, y), confidence, WELCH, **counts)
+    if pairs and len(seeds) == 1:
+        x, y = float(a.loc[seeds[0]]), float(b.loc[seeds[0]])
+        return Comparison(group, baseline, value, tuple(seeds), x, y, x - y, None, None, None, confidence,
+                          differences=(x - y,), **counts)
+    return Comparison(group, baseline, value, (), None, None, None, None, None, None, confidence, **counts)
 
 
-def compare_to_baseline(cells: pd.DataFrame, baseline: str, value: str = "final_loss",
+def compare_to_baseline(cells: pd.DataFrame, baseline: str, value: str = VERDICT_VALUE,
                         confidence: float = DEFAULT_CONFIDENCE, n_resamples: int = DEFAULT_RESAMPLES,
                         seed: int = DEFAULT_SEED) -> list[Comparison]:
     """paired_comparison for every group except the baseline, in order of appearance."""
     return [paired_comparison(cells, group, baseline, value, confidence, n_resamples, seed)
             for group in cells["group"].unique() if group != baseline]
+
+
+def correct(comparisons: list[Comparison], method: str = DEFAULT_CORRECTION, alpha: float = DEFAULT_ALPHA,
+            power: float = DEFAULT_POWER) -> list[Comparison]:
+    """The comparisons with their p-values corrected together as one family (a report's)."""
+    adjusted = adjust_p_values([c.p_value for c in comparisons], method)
+    return [replace(c, p_adjusted=p, correction=method, alpha=alpha, power=power)
+            for c, p in zip(comparisons, adjusted)]
 
 
 def divergence_sentence(row: pd.Series, baseline_row: pd.Series | None = None) -> str | None:

@@ -92,6 +92,8 @@ def write_run(
     grid: str | None = "synthetic",
     diverged_at_step: int | None = None,
     truncate_last_line: bool = False,
+    probe_every: int | None = None,
+    unigram_entropy: float | None = None,
     **extra: Any,
 ) -> SyntheticRun:
     """Write `root/<cell_id>/` and return what was written.
@@ -110,6 +112,10 @@ def write_run(
     probes        False: no per-layer keys at all (as `probes = false`)
     axes          config.axes; default {variant axes, options, seed}
     truncate_last_line   cut the last metrics line in half, as a crash mid-write would
+    probe_every   log the stability probes on every step divisible by this (None: not at all):
+                  attn_logit_max/layer_i = 2 + 0.1 * step * (i + 1), attn_entropy/layer_i = 1.0,
+                  cos_sim/layer_i = 0.1 + 0.05 * i, logit_lse = 5.0, logit_max = 8.0
+    unigram_entropy   config.data.unigram_entropy (default: not recorded, as for token shards)
     extra         top-level config.json fields to override (data=..., git_commit=...)
     """
     options = dict(options or {})
@@ -153,6 +159,12 @@ def write_run(
             for i, a in enumerate(acts):
                 row[f"act_norm/layer_{i}"] = _finite(a)
                 row[f"update_ratio/layer_{i}"] = 1e-3
+        if probes and probe_every and step % probe_every == 0:
+            for i in range(n_layer):
+                row[f"attn_logit_max/layer_{i}"] = 2 + 0.1 * step * (i + 1)
+                row[f"attn_entropy/layer_{i}"] = 1.0
+                row[f"cos_sim/layer_{i}"] = 0.1 + 0.05 * i
+            row["logit_lse"], row["logit_max"] = 5.0, 8.0
         row["time_s"] = 0.1 * (step + 1)
         row["tokens_per_s"] = TOKENS_PER_STEP / 0.1
         if step in val_by_step:
@@ -173,7 +185,8 @@ def write_run(
             **{k: v for k, v in axes_of_variant.items() if k != "id"}, **options, "seed": seed},
         "grid": grid,
         "data": {"source": "synthetic", "path": None, "fingerprint": "f" * 64, "tokenizer": "byte",
-                 "vocab_size": 512, "train_tokens": 10_000, "val_tokens": 1_000},
+                 "vocab_size": 512, "train_tokens": 10_000, "val_tokens": 1_000,
+                 **({"unigram_entropy": unigram_entropy} if unigram_entropy is not None else {})},
         "kernels": "reference",
         "device": "cpu",
         "dtype": "float32",

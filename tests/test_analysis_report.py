@@ -5,11 +5,13 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats as scipy_stats
 from synthetic_runs import write_grid, write_run
 
 from ablate.cli import main
-from ablate.analysis.analyse import analyse
-from ablate.analysis.report import LOSS_DIGITS, OTHER_DIGITS, RESULT_COLUMNS, write_report
+from ablate.analysis.analyse import Settings, analyse
+from ablate.analysis.report import LOSS_DIGITS, OTHER_DIGITS, RESULT_COLUMNS, render, write_report
+from ablate.analysis.stats import adjust_p_values, format_p, holm
 
 PRE, POST = "pre.layernorm.gelu.dense.res", "post.layernorm.gelu.dense.res"
 RMS, SANDWICH, SWIGLU = "pre.rmsnorm.gelu.dense.res", "sandwich.layernorm.gelu.dense.res", "pre.layernorm.swiglu.res"
@@ -23,11 +25,12 @@ def flat(final, n=12):
 
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory):
-    """A grid still running: known final losses per variant and seed (see each line)."""
+    """A grid still running: known final training losses per variant and seed (see each line);
+    each final validation loss is the last training loss + 0.1 (synthetic_runs' default)."""
     root = tmp_path_factory.mktemp("grid")
     runs = []
     for variant, finals in [(PRE, [3.00, 3.10, 3.05]),  # the baseline (default block)
-                            (POST, [3.20, 3.35, 3.15]),  # higher, p ~ 0.07: no significant difference
+                            (POST, [3.20, 3.35, 3.15]),  # higher, paired p ~ 0.05, adjusted 0.08: not significant
                             (RMS, [2.50, 2.60, 2.54])]:  # lower, p < 0.001
         runs += [write_run(root, variant, seed, flat(final)) for seed, final in enumerate(finals)]
     runs += [write_run(root, SANDWICH, 0, flat(2.9)), write_run(root, SANDWICH, 1, flat(2.95)),
@@ -72,7 +75,8 @@ def test_report_on_a_running_grid_exits_0_and_writes_everything(grid, reported):
         assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n") and png.stat().st_size > 5_000
         assert (grid / "plots" / f"{name}.svg").is_file()
         assert f"](plots/{name}.png)" in text
-    assert "skipped unreadable last line of metrics.jsonl" in text  # the truncated running cell
+    # the truncated running cell (load.py words the warning; it names the line and the file)
+    assert re.search(r"skipped .*last line of metrics\.jsonl", text.split("## Warnings")[1])
 
 
 def test_the_report_table_matches_summary_csv(grid, reported):
@@ -82,36 +86,50 @@ def test_the_report_table_matches_summary_csv(grid, reported):
     assert list(summary["group"])[0] == PRE  # the baseline first
     for row, (_, csv) in zip(rows, summary.iterrows()):
         numbers = [float(x) for x in re.findall(r"[-+]?\d+\.\d+", row[2])]
-        expected = [csv["final_loss_mean"], csv["final_loss_ci_low"], csv["final_loss_ci_high"]]
+        expected = [csv["final_val_loss_mean"], csv["final_val_loss_ci_low"], csv["final_val_loss_ci_high"]]
         assert numbers == [round(x, LOSS_DIGITS) for x in expected if not math.isnan(x)]
+        assert row[3] == f"{csv['final_loss']:.{LOSS_DIGITS}f}"  # the training-loss mean stays a column
         if csv["group"] != csv["baseline"]:
-            delta = [float(x) for x in re.findall(r"[-+]?\d+\.\d+", row[3])]
+            delta = [float(x) for x in re.findall(r"[-+]?\d+\.\d+", row[4])]
             expected = [csv["delta_vs_baseline"], csv["delta_ci_low"], csv["delta_ci_high"]]
             assert delta == [round(x, LOSS_DIGITS) for x in expected if not math.isnan(x)]
-        assert row[5].startswith(csv["divergence"])
-        assert row[6] == f"{csv['spikes']:.{OTHER_DIGITS}f}"
-        assert row[7] == f"{csv['grad_ratio_end']:.{OTHER_DIGITS}f}"
+            if isinstance(csv["test"], str):
+                assert row[5] == {"paired t-test": "paired", "Welch t-test": "Welch"}[csv["test"]]
+                assert row[6] == format_p(csv["p_value"]) and row[7] == format_p(csv["p_adjusted"])
+        assert row[8].startswith(csv["divergence"])
+        assert row[9] == f"{csv['spikes']:.{OTHER_DIGITS}f}"
+        assert row[10] == f"{csv['grad_ratio_end']:.{OTHER_DIGITS}f}"
 
 
 def test_summary_csv_holds_the_hand_computed_numbers(grid, reported):
     s = pd.read_csv(grid / "summary.csv").set_index("group")
-    assert s.loc[PRE, "final_loss_mean"] == pytest.approx(3.05)
+    assert s.loc[PRE, "final_val_loss_mean"] == pytest.approx(3.15) and s.loc[PRE, "final_loss"] == pytest.approx(3.05)
     assert s.loc[POST, "delta_vs_baseline"] == pytest.approx(np.mean([0.20, 0.25, 0.10]))
     assert s.loc[RMS, "delta_vs_baseline"] == pytest.approx(np.mean([-0.50, -0.50, -0.51]))
     assert s.loc[PRE, "n_running"] == 1 and s.loc[PRE, "n_completed"] == 3  # running: no statistic
     assert (s.loc[SANDWICH, "n_diverged"], s.loc[SANDWICH, "divergence"]) == (1, "1/3")
-    assert s.loc[SANDWICH, "final_loss_mean"] == pytest.approx(2.925)
-    assert math.isnan(s.loc[SWIGLU, "final_loss_ci_low"]) and s.loc[SWIGLU, "interval"] == "no interval: only one seed"
+    assert s.loc[SANDWICH, "final_val_loss_mean"] == pytest.approx(3.025)
+    # Seeds pair: the paired t-test on the per-seed differences, then BH over the report's 3 tests.
+    tested = [POST, RMS, SANDWICH]
+    assert list(s.loc[tested, "test"]) == ["paired t-test"] * 3
+    post = scipy_stats.ttest_rel([3.30, 3.45, 3.25], [3.10, 3.20, 3.15]).pvalue
+    assert s.loc[POST, "p_value"] == pytest.approx(post)
+    assert list(s.loc[tested, "p_adjusted"]) == pytest.approx(adjust_p_values(list(s.loc[tested, "p_value"]), "bh"))
+    assert s.loc[POST, "p_adjusted"] > 0.05 and s.loc[POST, "seeds_for_power"] == 4
+    assert math.isnan(s.loc[SWIGLU, "final_val_loss_ci_low"]) and s.loc[SWIGLU, "interval"] == "no interval: only one seed"
 
 
 def test_one_seed_says_no_interval_and_comparisons_say_what_the_numbers_show(grid, reported):
     text = (grid / "report.md").read_text()
     swiglu = next(r for r in parse_table(text, RESULT_COLUMNS) if r[0] == f"`{SWIGLU}`")
-    assert swiglu[2] == "2.8000 (no interval: only one seed)"
-    assert swiglu[3] == "-0.2000 (no interval: one seed)" and swiglu[4] == "—"
+    assert swiglu[2] == "2.9000 (no interval: only one seed)"
+    assert swiglu[4] == "-0.2000 (no interval: one seed)" and swiglu[6] == "—"
     comparisons = text.split("## Comparisons")[1].split("## Plots")[0]
-    assert f"No significant difference between `{POST}` and `{PRE}`" in comparisons
-    assert f"`{RMS}` has a lower final loss than `{PRE}` by 0.5033 nats" in comparisons
+    assert "BH-adjusted p < 0.05 (Benjamini-Hochberg over this report's 3 tests)" in comparisons
+    assert (f"No significant difference between `{POST}` and `{PRE}`: difference +0.1833 nats" in comparisons
+            and "paired t-test p=0.05, BH-adjusted p=0.08, 3 paired seeds); about 4 paired seeds would detect"
+            in comparisons)
+    assert f"`{RMS}` has a lower final validation loss than `{PRE}` by 0.5033 nats" in comparisons
     assert "only one seed, no interval" in comparisons
     assert f"`{SANDWICH}` diverged in 1/3 seeds (baseline `{PRE}`: 0/3)." in comparisons
     cells = text.split("## Cells")[1]
@@ -124,10 +142,11 @@ def test_report_on_a_single_run_and_a_preamble_section(tmp_path, capsys):
     assert main(["report", str(run.path)]) == 0
     out, err = capsys.readouterr()
     assert str(run.path / "report.md") in out
-    assert err == f"ablate report: warning: {run.cell_id}: skipped unreadable last line of metrics.jsonl (cut by a crash?)\n"
+    assert err.startswith(f"ablate report: warning: {run.cell_id}: skipped ") and err.count("\n") == 1
+    assert "last line of metrics.jsonl" in err
     text = (run.path / "report.md").read_text()
     assert text.startswith(f"# Run report: {run.cell_id}")
-    assert "2.5000 (no interval: only one seed)" in text and (run.path / "summary.csv").is_file()
+    assert "2.6000 (no interval: only one seed)" in text and (run.path / "summary.csv").is_file()
 
     verdict = lambda a: f"## Verdict\n\n{len(a.groups)} group, baseline {a.baseline.name}."  # noqa: E731
     with pytest.warns(UserWarning):
@@ -135,6 +154,17 @@ def test_report_on_a_single_run_and_a_preamble_section(tmp_path, capsys):
     sections = re.findall(r"^## (.+)$", path.read_text(), flags=re.M)
     assert sections[:3] == ["Verdict", "Note", "What was run"]
     assert f"1 group, baseline {PRE}." in path.read_text()
+
+
+def test_holm_on_request_corrects_the_same_family_and_says_so(grid):
+    with pytest.warns(UserWarning):
+        a = analyse(grid, settings=Settings(correction="holm"))
+    tested = [c for c in a.comparisons if c.p_value is not None]
+    assert [c.group for c in tested] == [POST, RMS, SANDWICH]
+    assert [c.p_adjusted for c in tested] == pytest.approx(list(holm([c.p_value for c in tested])))
+    text = render(a, [], [])
+    assert "Holm-adjusted p < 0.05 (Holm over this report's 3 tests)" in text
+    assert "Holm (family-wise error rate)" in text.split("## Method")[1]
 
 
 def test_baseline_can_be_chosen_by_group(grid):
@@ -165,6 +195,8 @@ def test_a_variant_baseline_compares_like_with_like_at_each_option_setting(tmp_p
     (["{empty}"], "is not a run or grid folder"),
     (["{grid}", "--baseline", "nope"], "unknown baseline 'nope'; valid: a group ("),
     (["{grid}", "--last-k", "0"], "--last-k 0 must be at least 1"),
+    (["{grid}", "--correction", "bonferroni"], "--correction 'bonferroni'; valid: bh, holm"),
+    (["{grid}", "--basin-tolerance", "-1"], "--basin-tolerance -1.0 must be 0 or more"),
 ])
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys, args, message):
     (tmp_path / "empty").mkdir()

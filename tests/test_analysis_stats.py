@@ -1,4 +1,5 @@
-"""analysis.stats: intervals, paired comparisons and divergence rates across seeds."""
+"""analysis.stats: intervals, paired and unpaired comparisons, multiple-testing correction,
+power, and divergence rates across seeds."""
 import math
 
 import numpy as np
@@ -6,15 +7,16 @@ import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 
-from ablate.analysis.stats import bootstrap_ci, group_stats, paired_comparison, welch_p_value
+from ablate.analysis.stats import (PAIRED, WELCH, adjust_p_values, bootstrap_ci, correct, group_stats, holm,
+                                   paired_comparison, paired_power, seeds_for_power, welch_p_value)
 
 PRE, POST = "pre.layernorm.gelu.dense.res", "post.layernorm.gelu.dense.res"
 RMS, ONE = "pre.rmsnorm.gelu.dense.res", "pre.layernorm.swiglu.res"
 
 
 def cells_frame(rows):
-    """A minimal cell_metrics frame: (group, seed, status, final_loss)."""
-    frame = pd.DataFrame(rows, columns=["group", "seed", "status", "final_loss"])
+    """A minimal cell_metrics frame: (group, seed, status, final_val_loss)."""
+    frame = pd.DataFrame(rows, columns=["group", "seed", "status", "final_val_loss"])
     frame["variant_id"] = frame["group"]
     frame["cell_id"] = frame["group"] + "__seed=" + frame["seed"].astype(str)
     return frame
@@ -53,19 +55,19 @@ def test_fewer_than_two_values_have_no_interval_and_no_p_value():
 def test_group_stats_counts_means_and_divergence_rate(cells):
     table = group_stats(cells, seed=0).set_index("group")
     pre = table.loc[PRE]
-    assert pre["final_loss_mean"] == pytest.approx(3.05)
-    assert pre["final_loss_std"] == pytest.approx(np.std([3.0, 3.1, 3.05], ddof=1))
-    assert pre["final_loss_ci_low"] <= 3.05 <= pre["final_loss_ci_high"]
+    assert pre["final_val_loss_mean"] == pytest.approx(3.05)
+    assert pre["final_val_loss_std"] == pytest.approx(np.std([3.0, 3.1, 3.05], ddof=1))
+    assert pre["final_val_loss_ci_low"] <= 3.05 <= pre["final_val_loss_ci_high"]
     assert (pre["n_completed"], pre["divergence"], pre["divergence_rate"]) == (3, "0/3", 0.0)
 
     rms = table.loc[RMS]  # the running seed 3 enters no statistic; the diverged one is counted
     assert (rms["n_cells"], rms["n_completed"], rms["n_diverged"], rms["n_running"]) == (4, 2, 1, 1)
-    assert rms["final_loss_mean"] == pytest.approx(2.55) and rms["seeds"] == "0,1"
+    assert rms["final_val_loss_mean"] == pytest.approx(2.55) and rms["seeds"] == "0,1"
     assert rms["divergence"] == "1/3" and rms["divergence_rate"] == pytest.approx(1 / 3)
 
     one = table.loc[ONE]  # one seed: a mean, but no interval
-    assert one["final_loss_mean"] == 2.90
-    assert math.isnan(one["final_loss_ci_low"]) and math.isnan(one["final_loss_ci_high"])
+    assert one["final_val_loss_mean"] == 2.90
+    assert math.isnan(one["final_val_loss_ci_low"]) and math.isnan(one["final_val_loss_ci_high"])
     assert one["interval"] == "no interval: only one seed"
 
 
@@ -87,25 +89,27 @@ def test_paired_comparison_by_seed(cells):
     expected = scipy_stats.bootstrap((diffs,), np.mean, method="percentile", n_resamples=9999,
                                      rng=np.random.default_rng(0)).confidence_interval
     assert (c.ci_low, c.ci_high) == pytest.approx((expected.low, expected.high))
-    assert c.p_value == pytest.approx(welch_by_hand([3.20, 3.35, 3.15], [3.00, 3.10, 3.05]))
-    t_paired = diffs.mean() / (diffs.std(ddof=1) / math.sqrt(3))  # the paired test, kept in summary.csv
-    assert c.p_value_paired == pytest.approx(2 * scipy_stats.t.sf(abs(t_paired), 2))
+    t_paired = diffs.mean() / (diffs.std(ddof=1) / math.sqrt(3))  # seeds pair: the paired t-test
+    assert c.test == PAIRED and c.p_value == pytest.approx(2 * scipy_stats.t.sf(abs(t_paired), 2))
+    assert c.differences == pytest.approx(tuple(diffs))
     assert c.p_value > 0.05 and not c.significant()
     assert c.sentence().startswith(f"No significant difference between `{POST}` and `{PRE}`")
-    assert f"p={c.p_value:.2f}" in c.sentence()
+    assert f"paired t-test p={c.p_value:.2f}" in c.sentence()
+    assert f"about {seeds_for_power(diffs)} paired seeds would detect" in c.sentence()
 
 
 def test_a_significant_difference_reads_as_lower_with_its_interval(cells):
     c = paired_comparison(cells, RMS, PRE)  # only seeds 0 and 1 completed in both
     assert c.seeds == (0, 1)
     assert c.mean_diff == pytest.approx(((2.50 - 3.00) + (2.60 - 3.10)) / 2)
-    assert c.p_value == pytest.approx(welch_by_hand([2.50, 2.60], [3.00, 3.10]))
+    assert c.test == PAIRED and c.p_value is None  # both differences are -0.5: nothing to test
     c3 = paired_comparison(cells_frame([(RMS, s, "completed", v) for s, v in enumerate([2.50, 2.60, 2.54])]
                                        + [(PRE, s, "completed", v) for s, v in enumerate([3.00, 3.10, 3.05])]),
                            RMS, PRE)
-    assert c3.p_value == pytest.approx(welch_by_hand([2.50, 2.60, 2.54], [3.00, 3.10, 3.05])) and c3.significant()
+    assert c3.p_value == pytest.approx(scipy_stats.ttest_rel([2.50, 2.60, 2.54], [3.00, 3.10, 3.05]).pvalue)
+    assert c3.significant()
     sentence = c3.sentence()
-    assert sentence.startswith(f"`{RMS}` has a lower final loss than `{PRE}` by 0.5033 nats")
+    assert sentence.startswith(f"`{RMS}` has a lower final validation loss than `{PRE}` by 0.5033 nats")
     assert "95% CI of the difference" in sentence and "3 paired seeds" in sentence
 
 
@@ -119,4 +123,99 @@ def test_one_shared_seed_says_no_interval_instead_of_a_number(cells):
     disjoint = paired_comparison(cells_frame([(ONE, 0, "completed", 1.0), (PRE, 1, "completed", 2.0)]), ONE, PRE)
     assert "no seed completed in both" in disjoint.sentence()
     all_diverged = paired_comparison(cells_frame([(ONE, 0, "diverged", np.nan), (PRE, 0, "completed", 2.0)]), ONE, PRE)
-    assert all_diverged.sentence() == f"`{ONE}` has no completed seed, so its final loss cannot be compared with `{PRE}`."
+    assert all_diverged.sentence() == f"`{ONE}` has no completed seed, so its final validation loss cannot be compared with `{PRE}`."
+
+
+def test_paired_and_welch_disagree_and_the_comparison_uses_the_pairing():
+    # Seeds differ a lot (0.5 nats) but within each seed the variant is 0.05 lower with a tiny
+    # spread: Welch sees only the seed spread, the paired test sees the consistent shift.
+    seed_effect = [3.0, 3.5, 4.0, 3.2]
+    shift = [0.05, 0.052, 0.048, 0.051]
+    base = [(PRE, s, "completed", v) for s, v in enumerate(seed_effect)]
+    rows = base + [(POST, s, "completed", v - d) for s, (v, d) in enumerate(zip(seed_effect, shift))]
+    c = paired_comparison(cells_frame(rows), POST, PRE)
+    a = [v - d for v, d in zip(seed_effect, shift)]
+    welch = welch_p_value(a, seed_effect)
+    assert welch == pytest.approx(welch_by_hand(a, seed_effect)) and welch > 0.5  # Welch: nothing to see
+    assert c.test == PAIRED and c.p_value < 1e-4 and c.significant()  # paired: a clear difference
+    assert c.p_value == pytest.approx(scipy_stats.ttest_rel(a, seed_effect).pvalue)
+
+
+def test_seeds_that_do_not_pair_fall_back_to_welch():
+    # Disjoint seeds: no pairs, so the two groups' means are compared with Welch's test.
+    rows = [(PRE, s, "completed", v) for s, v in zip((0, 1, 2), [3.0, 3.1, 3.05])]
+    rows += [(POST, s, "completed", v) for s, v in zip((3, 4, 5), [3.3, 3.2, 3.25])]
+    c = paired_comparison(cells_frame(rows), POST, PRE)
+    assert c.test == WELCH and c.n_pairs == 0 and c.mean_diff == pytest.approx(0.2)
+    assert c.p_value == pytest.approx(welch_by_hand([3.3, 3.2, 3.25], [3.0, 3.1, 3.05]))
+    assert c.ci_low <= 0.2 <= c.ci_high and "unpaired: 3 and 3 seeds" in c.sentence()
+    # Same seeds but another batch size: the seeds give different batches, so they do not pair.
+    frame = cells_frame([(PRE, s, "completed", v) for s, v in enumerate([3.0, 3.1, 3.05])]
+                        + [(POST, s, "completed", v) for s, v in enumerate([3.3, 3.2, 3.25])])
+    frame["batch_size"] = np.where(frame["group"] == PRE, 16, 32)
+    assert paired_comparison(frame, POST, PRE).test == WELCH
+    frame["batch_size"] = 16
+    assert paired_comparison(frame, POST, PRE).test == PAIRED
+
+
+def test_benjamini_hochberg_is_scipys_and_skips_missing_p_values():
+    p = [0.01, None, 0.04, 0.03, 0.005, 0.2]
+    expected = scipy_stats.false_discovery_control([0.01, 0.04, 0.03, 0.005, 0.2], method="bh")
+    adjusted = adjust_p_values(p, "bh")
+    assert adjusted[1] is None
+    assert [x for x in adjusted if x is not None] == pytest.approx(list(expected))
+    assert adjust_p_values([None, None]) == [None, None] and adjust_p_values([]) == []
+    with pytest.raises(ValueError, match="valid: bh, holm"):
+        adjust_p_values([0.1], "bonferroni")
+
+
+def test_holm_against_a_reference_computation():
+    # Sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04; made
+    # non-decreasing: 0.02, 0.03, 0.06, 0.06; back in the original order.
+    assert list(holm([0.01, 0.04, 0.03, 0.005])) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert list(holm([0.5, 0.9])) == pytest.approx([1.0, 1.0])  # capped at 1
+    rng = np.random.default_rng(3)
+    for _ in range(20):  # Holm's definition: max over j <= i of (m - j) p_(j), capped at 1
+        p = rng.uniform(0, 0.2, size=7)
+        order = np.argsort(p)
+        reference = np.empty(7)
+        for rank, index in enumerate(order):
+            reference[index] = min(1.0, max((7 - j) * p[order[j]] for j in range(rank + 1)))
+        assert list(holm(p)) == pytest.approx(list(reference))
+
+
+def test_correct_adjusts_a_family_and_significance_follows_the_adjusted_p():
+    rows = [(PRE, s, "completed", v) for s, v in enumerate([3.0, 3.1, 3.05])]
+    rows += [(POST, s, "completed", v) for s, v in enumerate([3.06, 3.13, 3.10])]  # paired p ~ 0.03
+    rows += [(RMS, s, "completed", v) for s, v in enumerate([3.01, 3.2, 2.99])]  # noise
+    frame = cells_frame(rows)
+    raw = [paired_comparison(frame, g, PRE) for g in (POST, RMS)]
+    assert raw[0].significant()  # uncorrected, p < 0.05
+    fixed = correct(raw, "holm")
+    assert [c.p_adjusted for c in fixed] == pytest.approx(list(holm([c.p_value for c in raw])))
+    assert fixed[0].p_adjusted > 0.05 and not fixed[0].significant()
+    assert "Holm-adjusted" in fixed[0].sentence() and "No significant difference" in fixed[0].sentence()
+
+
+@pytest.mark.parametrize("effect, expected", [(0.5, 34), (0.8, 15), (1.0, 10)])
+def test_seeds_for_power_matches_the_published_paired_t_test_sample_sizes(effect, expected):
+    # Two-sided paired t-test, alpha 0.05, 80% power: n = 34, 15, 10 for d_z = 0.5, 0.8, 1.0
+    # (Cohen 1988; G*Power). Differences with mean / std = effect:
+    differences = np.array([-1.0, 1.0, -1.0, 1.0]) * (1 / np.std([-1, 1, -1, 1], ddof=1)) + effect
+    assert differences.mean() / differences.std(ddof=1) == pytest.approx(effect)
+    n = seeds_for_power(differences)
+    assert n == expected
+    assert paired_power(effect, n - 1) < 0.8 <= paired_power(effect, n)
+
+
+def test_seeds_for_power_is_none_where_it_cannot_be_estimated():
+    assert seeds_for_power([0.1]) is None  # one difference: no spread
+    assert seeds_for_power([0.1, 0.1, 0.1]) is None  # no variation
+    assert seeds_for_power([-0.1, 0.1]) is None  # mean zero: no difference to detect
+    assert seeds_for_power([1e-6, -1e-6 + 1e-9, 2e-6, -2e-6]) is None  # beyond MAX_SEEDS
+    medium = [0.3, -0.1, 0.25, -0.05]
+    assert seeds_for_power(medium, power=0.99) > seeds_for_power(medium, power=0.8) > 2
+    # d_z = 10: two pairs give 73% power, three 99.99%; scipy's nct gives NaN for the far tail
+    # at 1 degree of freedom, which must count as 0, not poison the sum.
+    assert paired_power(10.0 - 1e-12, 2) == pytest.approx(0.7328, abs=1e-4)
+    assert seeds_for_power([1.0, 1.1, 0.9]) == 3

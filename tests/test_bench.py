@@ -1,46 +1,146 @@
-"""The benchmark's plain-PyTorch baseline must be the same model as the harness's."""
+"""`ablate bench`: its baseline is the harness's model, its tables have their shape, its
+formulas count what they say, and bad arguments are refused. No timings are asserted."""
+import re
+
+import numpy as np
+import pytest
 import torch
 
-from ablate.bench.plain_gpt import PlainGPT
+from ablate.bench import flops
+from ablate.bench.grid_scaling import Scaling, describe
+from ablate.bench.plain_gpt import PlainGPT, configure_optimizer, get_batch
 from ablate.model import build_model
 from ablate.sizes import get_size
 from ablate.variants import make_variant
 
+HARNESS_NAMES = {"ln_1": "wiring.norm_attn", "ln_2": "wiring.norm_mlp", "attn.c_attn": "attn.c_attn",
+                 "attn.c_proj": "attn.c_proj", "mlp.c_fc": "mlp.c_fc", "mlp.c_proj": "mlp.c_proj"}
 
-def test_plain_baseline_matches_the_harness_model_shape_for_shape():
-    size = get_size("tiny")
-    plain = PlainGPT(size.vocab_size, size.context, size.d_model, size.n_layer, size.n_head)
-    harness = build_model(make_variant(), size)
-    assert sum(p.numel() for p in plain.parameters()) == sum(p.numel() for p in harness.parameters())
-    # With the harness's weights copied in, both compute the same loss.
+
+def harness_name(plain_name: str) -> str:
+    if plain_name.startswith("h."):
+        _, i, rest = plain_name.split(".", 2)
+        sub, kind = rest.rsplit(".", 1)
+        return f"blocks.{i}.{HARNESS_NAMES[sub]}.{kind}"
+    return {"ln_f.weight": "norm_f.weight", "ln_f.bias": "norm_f.bias"}.get(plain_name, plain_name)
+
+
+def twin_models(size, gelu: str, act: str):
+    """The harness's model with activation `act` and the plain one with F.gelu(approximate=gelu),
+    holding the same weights."""
+    torch.manual_seed(0)
+    harness = build_model(make_variant(act=act), size)
+    plain = PlainGPT(size.vocab_size, size.context, size.d_model, size.n_layer, size.n_head, gelu)
     ours = dict(harness.named_parameters())
-    mapping = {"wte.weight": "wte.weight", "wpe.weight": "wpe.weight", "ln_f.weight": "norm_f.weight", "ln_f.bias": "norm_f.bias"}
-    for i in range(size.n_layer):
-        for a, b in [("ln1", "wiring.norm_attn"), ("ln2", "wiring.norm_mlp"), ("qkv", "attn.c_attn"),
-                     ("proj", "attn.c_proj"), ("fc", "mlp.c_fc"), ("out", "mlp.c_proj")]:
-            for kind in ("weight", "bias"):
-                mapping[f"blocks.{i}.{a}.{kind}"] = f"blocks.{i}.{b}.{kind}"
+    assert len(ours) == len(dict(plain.named_parameters()))
     with torch.no_grad():
         for name, p in plain.named_parameters():
-            p.copy_(ours[mapping[name]])
-    idx = torch.randint(0, size.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))
-    assert torch.allclose(plain(idx, idx), harness(idx, idx)[1], atol=1e-5)
+            p.copy_(ours[harness_name(name)])
+    return plain, harness
 
 
-def test_bench_prints_the_step_table(capsys):
+def harness_optimizer(model):
+    """The optimizer the harness trains `model` with at its default options."""
+    from ablate.config import resolve
+    from ablate.train import make_optimizer
+
+    cfg = resolve({"lr": 1e-3})
+    try:
+        return make_optimizer(model, cfg)
+    except TypeError:  # the signature before the optimizer registry: (model, cfg, device)
+        return make_optimizer(model, cfg, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("gelu, act", [("tanh", "gelu"), ("none", "gelu_erf")])
+def test_plain_loop_computes_the_harness_models_losses_step_after_step(gelu, act):
+    """GPT-2's tanh GELU is the harness's default block; nanoGPT's exact GELU is the plain
+    loop's default, timed against the harness's act=gelu_erf as the same math."""
+    size = get_size("tiny")
+    plain, harness = twin_models(size, gelu, act)
+    assert sum(p.numel() for p in plain.parameters()) == sum(p.numel() for p in harness.parameters())
+    # The plain loop's AdamW settings (weight decay 0.1, betas 0.9/0.95) are the harness's defaults.
+    opts = [configure_optimizer(plain, 1e-3, 0.1, (0.9, 0.95)), harness_optimizer(harness)]
+    tokens = np.random.default_rng(0).integers(0, size.vocab_size, 5000).astype(np.uint16)  # a token file's dtype
+    torch.manual_seed(1)
+    for _ in range(3):  # forward, backward and the fused AdamW step agree, so the next step does
+        x, y = get_batch(tokens, 4, size.context)
+        losses = []
+        for model in (plain, harness):
+            loss = model(x, y)[1]
+            loss.backward()
+            losses.append(loss.item())
+        assert losses[0] == pytest.approx(losses[1], abs=1e-5)
+        # Gradients tell the GELUs apart where the loss at init barely does (its MLPs write little).
+        grads = dict((n, p.grad) for n, p in harness.named_parameters())
+        for name, p in plain.named_parameters():
+            assert torch.allclose(p.grad, grads[harness_name(name)], rtol=1e-4, atol=1e-8), name
+        for opt in opts:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+
+def test_flops_per_token_counts_the_harness_models_parameters_and_causal_attention():
+    size = get_size("tiny").with_layers(12)
+    harness = build_model(make_variant(), size)
+    n = sum(p.numel() for p in harness.parameters()) - size.context * size.d_model  # less the position embedding
+    assert flops.flops_per_token(size) == 6 * n + 6 * 12 * size.context * size.d_model
+    # The step's matmuls: a forward of 2 FLOPs per weight per token, and twice that backward.
+    tokens = 1024
+    matmul = sum(m.flops * m.count for m in flops.step_matmuls(size, tokens))
+    weights = sum(p.numel() for name, p in harness.named_parameters() if name.endswith("weight") and p.dim() == 2
+                  and not name.startswith("wpe"))
+    assert matmul == 6 * weights * tokens
+
+
+def test_grid_efficiency_is_ideal_over_actual():
+    s = Scaling(cells=4, workers=2, layers=12, steps=100, alone_s=[15.0, 16.0], grid_s=[28.0, 30.0])
+    assert s.efficiencies() == pytest.approx([30 / 28, 32 / 30])
+    assert "efficiency ideal / actual 1.07 [1.07..1.07" in describe(s)
+
+
+RATIO = r"\d+\.\d{3}x \[\d+\.\d{3}\.\.\d+\.\d{3}\]"
+
+
+def cells_of(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def test_bench_prints_what_it_times_the_step_table_and_the_fraction_of_peak(capsys, monkeypatch):
     from ablate.cli import main
 
-    assert main(["bench", "--only", "steps", "--models", "tiny", "--steps", "3", "--repeats", "1"]) == 0
+    monkeypatch.setattr(flops, "SQUARE", 128)  # the table's shape, not the figure, is tested
+    threads = torch.get_num_threads()
+    assert main(["bench", "--only", "steps", "--models", "tiny", "--layers", "2", "--steps", "8",
+                 "--repeats", "1", "--threads", "1"]) == 0
+    assert torch.get_num_threads() == threads  # the process is left as it was
     out = capsys.readouterr().out
-    row = next(line for line in out.splitlines() if line.startswith("| tiny |"))
-    cells = [c.strip() for c in row.strip("|").split("|")]
-    assert len(cells) == 7 and cells[3].endswith("x") and cells[6].endswith("%")
+    assert "nanoGPT's train.py" in out and "6 x N + 6 x n_layer x seq_len x d_model" in out
+    rows = [cells_of(line) for line in out.splitlines() if line.startswith("| tiny |")]
+    assert len(rows) == 2
+    steps_row, flops_row = rows
+    assert len(steps_row) == 10 and steps_row[1] == "2"
+    for cell in (steps_row[4], steps_row[5], steps_row[7], steps_row[9]):
+        assert re.fullmatch(RATIO, cell), cell
+    assert re.fullmatch(r"[+-]\d+\.\d% \[[+-]\d+\.\d%\.\.[+-]\d+\.\d%\]", steps_row[8])
+    assert len(flops_row) == 10 and flops_row[2] == f"{flops.flops_per_token(get_size('tiny').with_layers(2)):,}"
+    assert all(re.fullmatch(r"\d+%", c) for c in flops_row[7:])
+    assert "(1 torch thread, " in out and "matmul GFLOP/s: attn qkv: fwd 1024x64x192" in out
 
 
-def test_bench_refuses_bad_arguments(capsys):
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "1"], "--steps 1: need at least 8"),
+    (["--repeats", "0"], "--repeats 0: need a whole number of at least 1"),
+    (["--layers", "0"], "--layers 0: need"),
+    (["--threads", "0"], "--threads 0: need"),
+    (["--grid-steps", "0"], "--grid-steps 0: need"),
+    (["--workers", "0"], "--workers 0: need"),
+    (["--probe-every", "0"], "--probe-every 0: need"),
+    (["--models", "huge"], "unknown model 'huge'"),
+    (["--models", ","], "--models ',': need at least one size"),
+])
+def test_bench_refuses_bad_arguments_with_one_line(capsys, argv, message):
     from ablate.cli import main
 
-    assert main(["bench", "--steps", "1"]) == 2
-    assert main(["bench", "--models", "huge"]) == 2
+    assert main(["bench", *argv]) == 2
     err = capsys.readouterr().err
-    assert "need steps >= 2" in err and "unknown model 'huge'" in err
+    assert message in err and len(err.strip().splitlines()) == 1, err

@@ -73,10 +73,14 @@ def test_every_design_metric_is_logged_for_every_layer(tmp_path):
     names = {"step", "tokens", "loss", "lr", "grad_norm", "grad_norm/embed", "time_s", "tokens_per_s"}
     for i in range(3):
         names |= {f"grad_norm/layer_{i}", f"grad_norm/layer_{i}/attn", f"grad_norm/layer_{i}/mlp",
-                  f"grad_norm/layer_{i}/norm", f"act_norm/layer_{i}", f"update_ratio/layer_{i}"}
+                  f"grad_norm/layer_{i}/norm", f"act_norm/layer_{i}"}
+    # Update ratios and the stability probes come on the probe steps (probe_every, default 10).
+    probed = {f"{m}/layer_{i}" for i in range(3) for m in ("update_ratio", "attn_logit_max", "attn_entropy",
+                                                          "cos_sim", "block_change")} | {"logit_lse", "logit_max"}
     for row in rows:
         assert names <= set(row), names - set(row)
         assert "grad_norm/layer_3" not in row
+        assert (probed <= set(row)) if row["step"] % 10 == 0 else not (probed & set(row)), row["step"]
     assert "val_loss" in rows[-1] and "val_loss" in rows[4]
     # The total is the root-sum-square of the buckets plus the final norm (not bucketed).
     r = rows[0]

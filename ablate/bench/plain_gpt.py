@@ -1,76 +1,145 @@
-"""A minimal plain-PyTorch GPT training loop: the baseline the harness is measured against.
+"""The baseline the harness is measured against: a nanoGPT-style GPT and training loop.
 
-Written independently of ablate.model on purpose (nn.LayerNorm, F.gelu, no kernel
-interface, no probes, no run directory), with the same shapes, init, optimizer and data.
+Written for this benchmark after the structure of nanoGPT's model.py and train.py
+(github.com/karpathy/nanoGPT), shape for shape the harness's default block: pre-norm
+LayerNorm with biases, a 4x MLP, learned positions, tied embeddings, attention through
+F.scaled_dot_product_attention, GPT-2 init. The GELU is nanoGPT's, nn.GELU()'s exact erf
+form, by default; `gelu="tanh"` gives the harness's default block (GPT-2's tanh
+approximation), which on the CPU costs about twice as much (see the README's `ablate bench`
+section). nanoGPT's dropout layers are left out
+(dropout is 0 here, and a no-op module only slows the baseline down, which would flatter
+the harness). The optimizer is AdamW with fused=True, as the harness uses it on every
+device (nanoGPT fuses it on CUDA only; the CPU's default per-tensor AdamW is slower).
+
+Nothing from ablate's model, kernels, probes or training loop is used here.
 """
 from __future__ import annotations
 
 import math
+import time
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 
-class PlainBlock(nn.Module):
+class LayerNorm(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.bias = nn.Parameter(torch.zeros(d))
+
+    def forward(self, x):
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+
+
+class CausalSelfAttention(nn.Module):
     def __init__(self, d: int, n_head: int):
         super().__init__()
         self.n_head = n_head
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.c_attn = nn.Linear(d, 3 * d)
+        self.c_proj = nn.Linear(d, d)
 
     def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
-        x = x + self.proj(y)
-        return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, d: int, gelu: str):
+        super().__init__()
+        self.c_fc = nn.Linear(d, 4 * d)
+        self.c_proj = nn.Linear(4 * d, d)
+        self.gelu = gelu  # F.gelu's `approximate`: "none" (exact, nanoGPT's) or "tanh" (GPT-2's)
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x), approximate=self.gelu))
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, n_head: int, gelu: str):
+        super().__init__()
+        self.ln_1, self.attn = LayerNorm(d), CausalSelfAttention(d, n_head)
+        self.ln_2, self.mlp = LayerNorm(d), MLP(d, gelu)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
 
 
 class PlainGPT(nn.Module):
-    def __init__(self, vocab: int, context: int, d: int, n_layer: int, n_head: int):
+    def __init__(self, vocab: int, context: int, d: int, n_layer: int, n_head: int, gelu: str = "none"):
         super().__init__()
         self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(context, d)
-        self.blocks = nn.ModuleList(PlainBlock(d, n_head) for _ in range(n_layer))
-        self.ln_f = nn.LayerNorm(d)
-        self.head = nn.Linear(d, vocab, bias=False)
-        self.head.weight = self.wte.weight
-        for name, p in self.named_parameters():
-            if p.dim() >= 2:
-                std = 0.02 / math.sqrt(2 * n_layer) if name.endswith(("proj.weight", "out.weight")) else 0.02
-                nn.init.normal_(p, 0.0, std)
+        self.h = nn.ModuleList(Block(d, n_head, gelu) for _ in range(n_layer))
+        self.ln_f = LayerNorm(d)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied input/output embedding
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # GPT-2's scaled init of the residual projections
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * n_layer))
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, 0.0, 0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
 
     def forward(self, idx, targets):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
-        for block in self.blocks:
+        pos = torch.arange(idx.size(1), device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)
+        for block in self.h:
             x = block(x)
-        logits = self.head(self.ln_f(x))
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+        logits = self.lm_head(self.ln_f(x))
+        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 
 
-def plain_training_steps(size, data, steps: int, batch_size: int, lr: float, seed: int, device="cpu") -> float:
-    """Train `steps` steps, then evaluate one validation batch (as the harness's final
-    evaluation does); returns the wall-clock seconds of both."""
-    import time
-
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = PlainGPT(size.vocab_size, size.context, size.d_model, size.n_layer, size.n_head)
+def configure_optimizer(model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float]):
+    """nanoGPT's groups: decay on matrices and embeddings, none on biases and gains."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
-                            lr=lr, betas=(0.9, 0.95))
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=True)
+
+
+def get_batch(tokens: np.ndarray, batch_size: int, seq_len: int, device="cpu"):
+    """nanoGPT's batch: random windows of a memory-mapped uint16 token array."""
+    ix = torch.randint(len(tokens) - seq_len, (batch_size,))
+    x = torch.stack([torch.from_numpy(tokens[i : i + seq_len].astype(np.int64)) for i in ix])
+    y = torch.stack([torch.from_numpy(tokens[i + 1 : i + 1 + seq_len].astype(np.int64)) for i in ix])
+    return x.to(device), y.to(device)
+
+
+def plain_training_steps(size, tokens: np.ndarray, steps: int, batch_size: int, lr: float, seed: int,
+                         device="cpu", weight_decay: float = 0.1, betas=(0.9, 0.95), gelu: str = "none") -> list[float]:
+    """Train `steps` iterations; returns each iteration's seconds, timed as nanoGPT's
+    train.py times them: from the end of one iteration to the end of the next, covering
+    setting the learning rate, forward, fetching the next batch, backward, the optimizer
+    step and zeroing the gradients; the loss is read (.item()) every iteration, as
+    train.py does at log_interval 1, the harness's default logging."""
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = PlainGPT(size.vocab_size, size.context, size.d_model, size.n_layer, size.n_head, gelu)
+    optimizer = configure_optimizer(model, lr, weight_decay, betas)
+    times = []
+    X, Y = get_batch(tokens, batch_size, size.context, device)
     t0 = time.perf_counter()
-    for step in range(steps):
-        x, y = data.batch("train", step, seed, batch_size, size.context, device)
-        loss = model(x, y)
+    for _ in range(steps):
+        for group in optimizer.param_groups:
+            group["lr"] = lr  # constant, as the harness is run here
+        _, loss = model(X, Y)
+        X, Y = get_batch(tokens, batch_size, size.context, device)
         loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        loss.item()  # the loop a user writes looks at its loss
-    with torch.no_grad():
-        x, y = data.batch("val", 0, 0, batch_size, size.context, device)
-        model(x, y).item()
-    return time.perf_counter() - t0
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        t1 = time.perf_counter()
+        times.append(t1 - t0)
+        t0 = t1
+        loss.item()  # logging, counted in the next iteration's time as in train.py
+    return times

@@ -1,4 +1,5 @@
-"""`ablate bench`: the harness's cost against plain PyTorch, as a table to paste."""
+"""`ablate bench`: the harness's cost against a plain nanoGPT-style loop and against the
+machine's matmul peak, as tables to paste."""
 from __future__ import annotations
 
 PARTS = ("steps", "grid", "startup", "memory", "profile", "gpu")
@@ -6,38 +7,66 @@ PARTS = ("steps", "grid", "startup", "memory", "profile", "gpu")
 
 def add_arguments(p) -> None:
     p.add_argument("--only", action="append", choices=PARTS, help="run only these parts (repeatable)")
-    p.add_argument("--steps", type=int, default=60, help="training steps per timed run (default 60)")
-    p.add_argument("--repeats", type=int, default=5, help="interleaved A/B repeats (default 5)")
+    p.add_argument("--steps", type=int, default=60, help="training steps per timed run (default 60, at least 8)")
+    p.add_argument("--repeats", type=int, default=5, help="interleaved repeats of each comparison (default 5; the grid scaling run does at most 2)")
     p.add_argument("--models", default="tiny,small", help="sizes for the step comparison (default tiny,small)")
+    p.add_argument("--layers", type=int, help="depth of every size in the step comparison and profile (default: the size's)")
+    p.add_argument("--threads", type=int, help="torch threads for the step comparison, the matmul peak and the "
+                                               "profile (default: torch's, usually the cores)")
+    p.add_argument("--probe-every", type=int, help="the harness's stability-probe interval in the step comparison "
+                                                   "(default: the harness's; 1 = every probe every step)")
+    p.add_argument("--grid-steps", type=int, default=100, help="steps per cell in the grid scaling run (default 100)")
+    p.add_argument("--workers", type=int, help="workers of the grid scaling run (default: the cores)")
+
+
+def _check(args, models: list[str]) -> None:
+    from ablate.bench.steps import SKIP
+    from ablate.errors import ConfigError
+    from ablate.sizes import get_size
+
+    if args.steps < SKIP + 3:
+        raise ConfigError(f"--steps {args.steps}: need at least {SKIP + 3} (the first {SKIP} steps of a run are not timed)")
+    for flag, value in (("--repeats", args.repeats), ("--layers", args.layers), ("--threads", args.threads), ("--probe-every", args.probe_every),
+                        ("--grid-steps", args.grid_steps), ("--workers", args.workers)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} {value}: need a whole number of at least 1")
+    if not models:
+        raise ConfigError(f"--models {args.models!r}: need at least one size, e.g. tiny,small")
+    for m in models:
+        get_size(m)
 
 
 def run(args) -> int:
     import torch
 
-    from ablate.bench import harness as h
-    from ablate.errors import ConfigError
-    from ablate.sizes import get_size
-
-    if args.steps < 2 or args.repeats < 1:
-        raise ConfigError(f"--steps {args.steps} / --repeats {args.repeats}: need steps >= 2 and repeats >= 1")
     models = [m.strip() for m in args.models.split(",") if m.strip()]
-    for m in models:
-        get_size(m)
+    _check(args, models)
+    threads = args.threads or torch.get_num_threads()
+    outer = torch.get_num_threads()
+    torch.set_num_threads(threads)  # every part of this process: the steps, the peak, the profile
+    try:
+        return _run_parts(args, models, threads)
+    finally:
+        torch.set_num_threads(outer)  # a caller in the same process (a test) is left as it was
+
+
+def _run_parts(args, models: list[str], threads: int) -> int:
+    import os
+
+    import torch
+
     parts = args.only or [p for p in PARTS if p != "gpu" or torch.cuda.is_available()]
-    print(f"ablate bench ({h.threads_note()}, torch {torch.__version__})\n")
+    load = ", load average {:.1f} {:.1f} {:.1f}".format(*os.getloadavg()) if hasattr(os, "getloadavg") else ""
+    plural = "s" if threads != 1 else ""
+    print(f"ablate bench ({threads} torch thread{plural}, {os.cpu_count()} cores{load}, torch {torch.__version__})\n")
     if "steps" in parts:
-        print("| model | plain tok/s | harness probes on tok/s | on / plain | probes off tok/s | off / plain | probe overhead |")
-        print("|---|---|---|---|---|---|---|")
-        for model in models:
-            c = h.compare_steps(model, args.steps, args.repeats)
-            print(f"| {model} | {c.tok_s(c.plain_s):,.0f} | {c.tok_s(c.probes_on_s):,.0f} | {c.ratio_on:.3f}x | "
-                  f"{c.tok_s(c.probes_off_s):,.0f} | {c.ratio_off:.3f}x | {c.probe_overhead:+.1%} |", flush=True)
-        print(f"\n({args.repeats} interleaved repeats of {args.steps} steps, batch {h.BATCH}; ratios are medians of pairs)\n")
+        _steps(args, models, threads)
     if "grid" in parts:
-        g = h.grid_throughput()
-        print(f"grid of {g['cells']} tiny cells x {g['steps']} steps: workers 1 {g['workers1_s']:.1f}s "
-              f"({g['cells_per_hour_1']:,.0f} cells/h), workers 2 {g['workers2_s']:.1f}s "
-              f"({g['cells_per_hour_2']:,.0f} cells/h), speed-up {g['speedup']:.2f}x", flush=True)
+        from ablate.bench.grid_scaling import describe, grid_scaling
+
+        print(describe(grid_scaling(args.workers, steps=args.grid_steps, repeats=min(args.repeats, 2))), flush=True)
+    from ablate.bench import harness as h
+
     if "startup" in parts:
         s = h.startup_cost()
         print(f"start-up per cell: cold process (start + import + build + data + 1 step) {s['cold_process_s']:.2f}s; "
@@ -52,6 +81,49 @@ def run(args) -> int:
             for row in h.gpu_figures():
                 print(row, flush=True)
     if "profile" in parts:
-        print("\nprofile of a tiny run (self CPU time):")
-        print(h.profile_tiny_step())
+        print()
+        print(h.profile_steps(models[0], args.layers))
     return 0
+
+
+def _steps(args, models: list[str], threads: int) -> None:
+    from ablate.bench import flops
+    from ablate.bench.steps import BATCH, compare_steps, what_is_timed
+    from ablate.sizes import get_size
+
+    print(what_is_timed(args.steps, args.probe_every) + f"; {args.repeats} interleaved repeats, ratios: median [min..max] of pairs\n")
+    print("| model | blocks | plain tok/s | harness on, logged tok/s | on / plain, logged | on / plain, period "
+          "| probes off, logged tok/s | off / plain, logged | probe overhead | gelu_erf on / plain, logged |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    results = []
+    for model in models:
+        c = compare_steps(model, args.layers, args.steps, args.repeats, threads, probe_every=args.probe_every)
+        results.append(c)
+        o = c.probe_overhead
+        print(f"| {model} | {c.n_layer} | {c.tok_s(c.plain_s):,.0f} | {c.tok_s([r.logged_s for r in c.on]):,.0f} "
+              f"| {c.ratio(c.on)} | {c.ratio(c.on, 'period_s')} | {c.tok_s([r.logged_s for r in c.off]):,.0f} "
+              f"| {c.ratio(c.off)} | {o.median:+.1%} [{min(o.values):+.1%}..{max(o.values):+.1%}] "
+              f"| {c.ratio(c.same_math)} |", flush=True)
+
+    print(f"\nagainst the hardware: {flops.FLOPS_FORMULA}")
+    print(f"peak: float32 matmul (torch.mm) at {threads} thread{'s' if threads != 1 else ''}, at every matmul shape of a training step "
+          f"(each linear's forward, input- and weight-gradient product; 'step mix' = their FLOPs over their "
+          f"summed times) and at {flops.SQUARE}^3\n")
+    print("| model | blocks | FLOPs/token | step-mix peak GFLOP/s | square peak GFLOP/s | plain GFLOP/s "
+          "| harness on GFLOP/s | harness / step mix | harness / square | plain / square |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for c in results:
+        size = get_size(c.model).with_layers(args.layers)
+        peak = flops.measure_peak(size, BATCH * size.context, threads)
+        per_token = flops.flops_per_token(size)
+        plain = per_token * c.tok_s(c.plain_s)
+        harness = per_token * c.tok_s([r.logged_s for r in c.on])
+        print(f"| {c.model} | {c.n_layer} | {per_token:,} | {peak.step_mix / 1e9:.1f} | {peak.square / 1e9:.1f} "
+              f"| {plain / 1e9:.1f} | {harness / 1e9:.1f} | {harness / peak.step_mix:.0%} | {harness / peak.square:.0%} "
+              f"| {plain / peak.square:.0%} |", flush=True)
+        by_layer: dict[str, list[str]] = {}
+        for m, f in peak.matmuls:
+            layer, kind = m.name.rsplit(" ", 1)
+            by_layer.setdefault(layer, []).append(f"{kind} {m.m}x{m.k}x{m.n} {f / 1e9:.1f}")
+        print("  matmul GFLOP/s: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in by_layer.items()))
+    print()

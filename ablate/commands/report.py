@@ -1,5 +1,6 @@
-"""`ablate report DIR [--baseline GROUP|VARIANT]`: plots, report.md and summary.csv for a
-grid folder (finished or still running) or a single run directory, written into DIR."""
+"""`ablate report DIR [--baseline GROUP|VARIANT] [--correction bh|holm]`: plots, report.md and
+summary.csv for a grid folder (finished or still running) or a single run directory, written
+into DIR."""
 from __future__ import annotations
 
 import sys
@@ -18,6 +19,11 @@ def add_arguments(p) -> None:
                    help="final loss = mean of the last K logged steps (default 10)")
     p.add_argument("--spike-z", type=float, default=None, metavar="Z",
                    help="a loss spike is Z robust standard deviations above the running median (default 5)")
+    p.add_argument("--correction", default=None, metavar="METHOD",
+                   help="multiple-testing correction over the report's p-values: bh (Benjamini-Hochberg, "
+                        "the default) or holm")
+    p.add_argument("--basin-tolerance", type=float, default=None, metavar="NATS",
+                   help="the learning-rate basin is the lrs within NATS of the best loss (default 0.1)")
 
 
 def run(args) -> int:
@@ -25,6 +31,7 @@ def run(args) -> int:
     from ablate.analysis.analyse import Settings, analyse
     from ablate.analysis.load import RunsError
     from ablate.analysis.report import write_report
+    from ablate.analysis.stats import CORRECTIONS
 
     settings = Settings()
     if args.last_k is not None:
@@ -35,6 +42,14 @@ def run(args) -> int:
         if not args.spike_z > 0:
             raise ConfigError(f"--spike-z {args.spike_z} must be above 0")
         settings = replace(settings, spike_z=args.spike_z)
+    if args.correction is not None:
+        if args.correction not in CORRECTIONS:
+            raise ConfigError(f"--correction {args.correction!r}; valid: {', '.join(CORRECTIONS)}")
+        settings = replace(settings, correction=args.correction)
+    if args.basin_tolerance is not None:
+        if not args.basin_tolerance >= 0:
+            raise ConfigError(f"--basin-tolerance {args.basin_tolerance} must be 0 or more (nats)")
+        settings = replace(settings, basin_tolerance=args.basin_tolerance)
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -4,7 +4,26 @@ from __future__ import annotations
 from ablate.inspect_model import param_breakdown
 from ablate.model import build_model
 from ablate.sizes import get_size
-from ablate.variants import PRESETS, all_variants
+from ablate.variants import (ACTIVATIONS, INITS, MLPS, NORMS, OPTIMIZERS, PLACEMENTS, PRESETS, SCHEDULES,
+                             all_variants)
+
+REGISTRIES = (("norm", PLACEMENTS), ("norm_type", NORMS), ("act", ACTIVATIONS), ("mlp", MLPS),
+              ("qk_norm", NORMS), ("init", INITS), ("optimizer", OPTIMIZERS), ("schedule", SCHEDULES))
+
+
+def registered_values() -> list[str]:
+    """One line per registry: its values, a plugin's marked with the module that registered it."""
+    from ablate import plugins
+
+    files = {r["module"]: r["file"] for r in plugins.records() if r.get("file")}
+    lines = []
+    for axis, registry in REGISTRIES:
+        values = ["none"] if axis == "qk_norm" else []
+        for name in registry:
+            origin = registry.origin(name)
+            values.append(name if origin.startswith("ablate.") else f"{name} (from {files.get(origin, origin)})")
+        lines.append(f"  {axis:<11}{', '.join(values)}")
+    return lines
 
 
 def add_arguments(p) -> None:
@@ -28,10 +47,13 @@ def run(args) -> int:
                        ("total", "total")]:
         print(f"  {label:<44}{b[key]:>14,}")
     print()
+    print("registered values (axes of a block, and what trains it):")
+    print("\n".join(registered_values()))
+    print()
     specs = list(all_variants())
     print(f"{len(specs)} registered variants (parameters at {size.name}):")
-    print(f"  {'id':<36}{'parameters':>14}  {'vs default':>10}  presets")
+    print(f"  {'id':<48}{'parameters':>14}  {'vs default':>10}  presets")
     for spec in specs:
         n = param_breakdown(build_model(spec, size, device="meta"))["total"]
-        print(f"  {spec.id:<36}{n:>14,}  {n / b['total'] - 1:>+10.2%}  {', '.join(presets.get(spec.id, []))}")
+        print(f"  {spec.id:<48}{n:>14,}  {n / b['total'] - 1:>+10.2%}  {', '.join(presets.get(spec.id, []))}")
     return 0

@@ -1,0 +1,198 @@
+"""`ablate status DIR [--watch]`: the state of a grid running anywhere (local, Ray, SLURM,
+several machines on one shared folder), from grid.json and the run directories alone.
+
+It only reads. A cell is running when another process holds its `.lock`; that is asked with
+CellLock.is_held_elsewhere, which tests the lock without taking it (F_OFD_GETLK), so a
+trainer locking the cell at that instant never finds it busy, and it sees locks held on other
+machines where the shared file system carries them (NFS, Lustre). A running cell's step, loss
+and rate come from the last few kilobytes of its metrics.jsonl, never the whole file.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import jsonlines
+
+from ablate.errors import ConfigError
+from ablate.rundir import CellLock
+
+TAIL_BYTES = 16384  # enough for a few metrics rows of a deep model's per-layer keys
+MAX_TAIL_BYTES = 1 << 20
+DONE = ("completed", "diverged")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("dir", metavar="DIR", help="a grid folder (grid.json and/or cell folders) or a run directory")
+    p.add_argument("--watch", action="store_true", help="refresh until interrupted (Ctrl-C)")
+    p.add_argument("--interval", type=float, default=10.0, metavar="S", help="seconds between refreshes (default 10)")
+
+
+@dataclass
+class CellState:
+    cell_id: str
+    status: str  # completed | diverged | failed | running | interrupted | pending
+    planned_steps: int | None = None
+    step: int | None = None  # the last logged step
+    loss: float | None = None
+    steps_per_s: float | None = None
+
+    @property
+    def steps_left(self) -> int | None:
+        if self.planned_steps is None:
+            return None
+        return max(self.planned_steps - (self.step + 1 if self.step is not None else 0), 0)
+
+
+def _read_object(path: Path) -> dict | None:
+    try:
+        with open(path, "rb") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _object(value) -> dict:
+    """`value` if it is a JSON object, else an empty one: a damaged field is no crash."""
+    return value if isinstance(value, dict) else {}
+
+
+def tail_rows(path: Path, size: int = TAIL_BYTES) -> list[dict]:
+    """The complete, valid metrics rows in the last `size` bytes of `path` (more if that
+    holds fewer than two rows), oldest first."""
+    try:
+        with open(path, "rb") as f:
+            end = f.seek(0, os.SEEK_END)
+            while True:
+                start = max(end - size, 0)
+                f.seek(start)
+                lines = f.read(end - start).split(b"\n")
+                if start > 0:
+                    lines = lines[1:]  # the first piece may be the end of a longer line
+                # A line cut by a crash or still being written, or garbage, is skipped.
+                rows = [r for r in jsonlines.Reader(lines).iter(skip_empty=True, skip_invalid=True)
+                        if isinstance(r, dict) and isinstance(r.get("step"), int)]
+                if len(rows) >= 2 or start == 0 or size >= MAX_TAIL_BYTES:
+                    return rows
+                size *= 4
+    except OSError:
+        return []
+
+
+def rate(rows: list[dict]) -> float | None:
+    """Steps per second between the first and last row of the tail (None when its `time_s`
+    does not advance, as across a resume that does not count the time before it)."""
+    timed = [r for r in rows if isinstance(r.get("time_s"), (int, float))]
+    if len(timed) < 2:
+        return None
+    first, last = timed[0], timed[-1]
+    seconds, steps = last["time_s"] - first["time_s"], last["step"] - first["step"]
+    return steps / seconds if seconds > 0 and steps > 0 else None
+
+
+def cell_state(run_dir: Path, cell_id: str, planned: int | None) -> CellState:
+    summary = run_dir / "summary.json"
+    if summary.is_file():
+        status = str((_read_object(summary) or {}).get("status", "failed"))  # damaged: not a result
+        return CellState(cell_id, status if status in (*DONE, "failed") else "failed", planned)
+    steps = _object((_read_object(run_dir / "config.json") or {}).get("train")).get("steps")
+    planned = steps if isinstance(steps, int) else planned
+    running = CellLock(run_dir).is_held_elsewhere()
+    if not running and not (run_dir / "metrics.jsonl").exists():
+        return CellState(cell_id, "pending", planned)
+    rows = tail_rows(run_dir / "metrics.jsonl")
+    last = rows[-1] if rows else {}
+    losses = [r["loss"] for r in rows if isinstance(r.get("loss"), (int, float))]
+    return CellState(cell_id, "running" if running else "interrupted", planned, last.get("step"),
+                     losses[-1] if losses else None, rate(rows) if running else None)
+
+
+def grid_states(root: Path) -> tuple[dict | None, list[CellState]]:
+    """(grid.json or None, a state per cell: grid.json's cells, then any other cell folder)."""
+    if not root.is_dir():
+        raise ConfigError(f"{root} is not a folder; valid: a grid folder (grid.json and/or cell folders)")
+    if (root / "config.json").is_file():  # a lone run directory
+        return None, [cell_state(root, root.name, None)]
+    grid = _read_object(root / "grid.json")
+    cells = _object(grid).get("cells")
+    listed = [c for c in cells if isinstance(c, dict) and isinstance(c.get("id"), str)] if isinstance(cells, list) else []
+    base_steps = _object(_object(grid).get("base")).get("steps")
+    planned = {c["id"]: _object(c.get("options")).get("steps", base_steps) for c in listed}
+    planned = {cid: steps if isinstance(steps, int) else None for cid, steps in planned.items()}
+    others = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name not in planned
+                    and ((p / "config.json").is_file() or (p / ".lock").exists()))
+    if not planned and not others:
+        why = "grid.json is unreadable and there are" if (root / "grid.json").exists() else "no grid.json and"
+        raise ConfigError(f"{root}: {why} no cell folders; valid: a grid folder (grid.json and/or cell folders)")
+    ids = list(planned) + others
+    return grid, [cell_state(root / cid, cid, planned.get(cid)) for cid in ids]
+
+
+def _fmt_time(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def render(root: Path, grid: dict | None, cells: list[CellState]) -> str:
+    count = {s: sum(c.status == s for c in cells) for s in ("completed", "diverged", "failed", "running",
+                                                            "interrupted", "pending")}
+    done = count["completed"] + count["diverged"]
+    name = f" ({grid['name']})" if grid and grid.get("name") else ""
+    lines = [f"{root}{name}: {len(cells)} cell{'s' if len(cells) != 1 else ''}: {done} done ({count['completed']} completed, "
+             f"{count['diverged']} diverged), {count['running']} running, {count['failed']} failed, "
+             f"{count['pending'] + count['interrupted']} pending ({count['interrupted']} interrupted, resume on rerun)"]
+    running = [c for c in cells if c.status == "running"]
+    if running:
+        width = max(len(c.cell_id) for c in running)
+        lines.append(f"  {'running cell':<{width}}  {'step':>13}  {'loss':>8}  {'steps/s':>8}  {'left':>8}")
+        for c in running:
+            step = "—" if c.step is None else f"{c.step + 1}/{c.planned_steps or '?'}"
+            loss = "—" if c.loss is None else f"{c.loss:.4f}"
+            speed = "—" if c.steps_per_s is None else f"{c.steps_per_s:.2f}"
+            left = (_fmt_time(c.steps_left / c.steps_per_s) if c.steps_per_s and c.steps_left is not None else "—")
+            lines.append(f"  {c.cell_id:<{width}}  {step:>13}  {loss:>8}  {speed:>8}  {left:>8}")
+    lines.append(time_left(cells))
+    return "\n".join(lines)
+
+
+def time_left(cells: list[CellState]) -> str:
+    """The grid's remaining steps over the running cells' combined rate: as many cells at
+    once as now, each as fast as the running ones."""
+    todo = [c for c in cells if c.status in ("running", "interrupted", "pending")]
+    if not todo:
+        return "time left: none, every cell has finished"
+    rates = [c.steps_per_s for c in cells if c.status == "running" and c.steps_per_s]
+    left = [c.steps_left for c in todo]
+    if not any(c.status == "running" for c in cells):
+        return "time left: unknown, no cell is running (rerun to resume)"
+    if not rates:
+        return "time left: unknown (no running cell has logged a rate yet)"
+    if any(n is None for n in left):
+        return "time left: unknown (some cells' planned steps are not recorded)"
+    return f"time left: about {_fmt_time(sum(left) / sum(rates))} ({sum(left):,} steps at {sum(rates):.2f} steps/s)"
+
+
+def run(args) -> int:
+    root = Path(args.dir)
+    if not args.interval > 0:
+        raise ConfigError(f"--interval {args.interval} must be above 0")
+    while True:
+        text = render(root, *grid_states(root))
+        if not args.watch:
+            print(text)
+            return 0
+        clear = "\033[H\033[J" if sys.stdout.isatty() else ""
+        print(f"{clear}{time.strftime('%H:%M:%S')}  {text}", flush=True)
+        try:
+            time.sleep(args.interval)
+        except KeyboardInterrupt:
+            return 0

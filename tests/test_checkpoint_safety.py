@@ -1,0 +1,107 @@
+"""Resuming trusts nothing on disk: a checkpoint cannot run code, a damaged one is refused in one
+line, and a damaged metrics file loses no valid row."""
+import json
+
+import pytest
+import torch
+
+import ablate.train as T
+from ablate.cell import Cell
+from ablate.errors import ConfigError
+
+OPTIONS = {"layers": 2, "steps": 6, "checkpoint_every": 3, "probes": False, "eval_batches": 1,
+           "final_eval_batches": 1}
+
+
+class Payload:
+    """Unpickling this runs code: the side effect a planted checkpoint would cause."""
+
+    def __reduce__(self):
+        return (open, ("/tmp/ablate-planted-pickle-ran", "w"))
+
+
+def _interrupted_run(tmp_path, monkeypatch, stop_at=2):
+    import contextlib
+
+    received: list = []
+
+    @contextlib.contextmanager
+    def fake_signals():
+        yield received
+
+    real = T.lr_at
+
+    def lr_at(step, cfg):
+        if step == stop_at:
+            received.append(2)
+        return real(step, cfg)
+
+    cell = Cell.from_options(OPTIONS)
+    run_dir = tmp_path / cell.id
+    with monkeypatch.context() as m:
+        m.setattr(T, "_graceful_signals", fake_signals)
+        m.setattr(T, "lr_at", lr_at)
+        with pytest.raises(T.Interrupted):
+            T.train(cell, run_dir)
+    return cell, run_dir
+
+
+def test_a_planted_pickle_in_a_checkpoint_never_runs(tmp_path, monkeypatch):
+    import os
+
+    marker = "/tmp/ablate-planted-pickle-ran"
+    if os.path.exists(marker):
+        os.unlink(marker)
+    cell, run_dir = _interrupted_run(tmp_path, monkeypatch)
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    ckpt["extra"] = Payload()  # what an attacker adds to a real checkpoint
+    torch.save(ckpt, run_dir / "checkpoint.pt")
+    with pytest.raises(ConfigError) as e:
+        T.train(cell, run_dir)
+    assert not os.path.exists(marker)  # the payload did not execute
+    assert "checkpoint.pt cannot be resumed from" in str(e.value) and "\n" not in str(e.value)
+    assert "remove it" in str(e.value)
+
+
+def test_a_genuine_checkpoint_loads_with_weights_only(tmp_path, monkeypatch):
+    cell, run_dir = _interrupted_run(tmp_path, monkeypatch)
+    with open(run_dir / "checkpoint.pt", "rb") as f:
+        assert b"__reduce__" not in f.read()
+    torch.load(run_dir / "checkpoint.pt", weights_only=True)  # raises if it needed arbitrary unpickling
+    summary = T.train(cell, run_dir)
+    assert summary["status"] == "completed" and summary["steps"] == 6
+
+
+def test_a_garbage_metrics_line_on_resume_keeps_every_valid_row(tmp_path, monkeypatch, capsys):
+    reference = T.train(Cell.from_options(OPTIONS), tmp_path / "ref")
+    ref_rows = [json.loads(x) for x in (tmp_path / "ref" / "metrics.jsonl").read_text().splitlines()]
+    cell, run_dir = _interrupted_run(tmp_path / "run", monkeypatch)
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines()
+    assert len(lines) == 3
+    # garbage in the middle, a JSON list, an object without a step, and a line cut short at the end
+    path.write_text("\n".join([lines[0], "@@garbage@@", "[1, 2]", '{"loss": 1.0}', lines[1], lines[2], '{"step": 3, "lo'])
+                    + "\n")
+    summary = T.train(cell, run_dir)
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(6))
+    assert [r["loss"] for r in rows] == [r["loss"] for r in ref_rows]
+    assert summary["final_loss"] == reference["final_loss"]
+    assert "skipped 4 unreadable line(s)" in capsys.readouterr().err
+
+
+def test_symlinked_temporaries_in_a_run_folder_never_clobber_their_targets(tmp_path, monkeypatch):
+    """checkpoint.tmp and metrics.tmp were fixed names the trainer wrote through; a link planted
+    there must leave its target alone, through a checkpoint and a resume."""
+    cell, run_dir = _interrupted_run(tmp_path, monkeypatch)
+    targets = {}
+    for name in ("checkpoint.tmp", "metrics.tmp", ".checkpoint.pt.tmp"):
+        target = tmp_path / f"precious-{name.strip('.')}"
+        target.write_text("keep me")
+        (run_dir / name).unlink(missing_ok=True)
+        (run_dir / name).symlink_to(target)
+        targets[name] = target
+    summary = T.train(cell, run_dir)
+    assert summary["status"] == "completed"
+    for name, target in targets.items():
+        assert target.read_text() == "keep me", name
