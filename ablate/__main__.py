@@ -1,5 +1,3 @@
-import sys
+from ablate.cli import main_entry
 
-from ablate.cli import main
-
-sys.exit(main())
+main_entry()

@@ -1,11 +1,16 @@
 """The cell function: train one fully specified cell into its run directory, exactly once.
 
 Every way of running cells (`ablate train`, local workers, Ray tasks, SLURM array jobs)
-calls `run_cell`. It is idempotent: a finished cell (summary.json present) is skipped, a
-cell locked by a live process is reported busy, anything else is resumed or started.
+calls `run_cell`. It is idempotent: a finished cell (summary.json saying completed or
+diverged) is skipped, a cell locked by a live process is reported busy, anything else is
+resumed or started. A failed cell is tried again: its failed summary is kept beside it as
+`summary.failed-<k>.json`, and its `error-attempt<n>.txt` files are kept and numbered on.
 """
 from __future__ import annotations
 
+import errno
+import os
+import re
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +18,16 @@ from typing import Any
 
 from ablate.config import cell_id, group_id, resolve
 from ablate.errors import ConfigError
-from ablate.rundir import SUMMARY, CellLock, read_json, write_json_atomic
+from ablate.rundir import SUMMARY, CellLock, read_json, remove_stale_temporaries, replace_atomic, write_json_atomic
+
+# A cell id names a folder: one path component, at most NAME_MAX bytes on Linux file systems.
+NAME_MAX = 255
+# Errors of the machine, not of the run: recording them as the run's result would be wrong
+# (and writing the record would fail too). They reach the command as one line.
+ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+_GIVEN: dict[frozenset, frozenset] = {}
 
 
 @dataclass(frozen=True)
@@ -28,14 +42,25 @@ class Cell:
     # The option names the user set (None: all of `options`). A scheduler adds `threads` per
     # worker later; unlike a user's --threads, that yields to the count a run started with.
     given: frozenset[str] | None = None
+    # The plugins (ablate/plugins.py) whose registered values the cell may name: every process
+    # that trains it imports them first.
+    plugins: tuple[str, ...] = ()
 
     @classmethod
     def from_options(cls, options: dict[str, Any], id_keys=(), axes=None, grid=None,
-                     keep_defaults: bool = False) -> "Cell":
-        """keep_defaults: name the cell by every id key, also one at its default (see group_id)."""
-        cfg = resolve(options)  # raises ConfigError on anything invalid
-        return cls(dict(options), cell_id(cfg, id_keys, keep_defaults), group_id(cfg, id_keys, keep_defaults),
-                   dict(axes or {}), grid, frozenset(options))
+                     keep_defaults: bool = False, cfg=None, group: str | None = None) -> "Cell":
+        """keep_defaults: name the cell by every id key, also one at its default (see group_id).
+        The cell carries the plugins this process imported (they defined its values).
+        cfg, group: `resolve(options)` and its group_id, when the caller has them (a grid of many
+        seeds resolves each setting once)."""
+        from ablate import plugins
+
+        cfg = cfg if cfg is not None else resolve(options)  # raises ConfigError on anything invalid
+        group = group if group is not None else group_id(cfg, id_keys, keep_defaults)
+        given = frozenset(options)
+        given = _GIVEN.setdefault(given, given)  # one copy per set of names, not one per cell
+        return cls(dict(options), cell_id(cfg, id_keys, keep_defaults), group,
+                   dict(axes or {}), grid, given, plugins.requested())
 
     def is_given(self, option: str) -> bool:
         return option in (self.options if self.given is None else self.given)
@@ -48,14 +73,39 @@ class CellOutcome:
     summary: dict[str, Any] | None
 
 
+def check_id_fits(cell_id: str, named_by: str) -> None:
+    """Refuse a cell id too long to be a folder name, before anything is written. `named_by`
+    says what the id is made of and what to change, for the message."""
+    size = len(cell_id.encode())
+    if size > NAME_MAX:
+        raise ConfigError(f"cell id {cell_id[:48]}... is {size} bytes, longer than a file name may be ({NAME_MAX}); "
+                          f"it names the cell's folder and is made of {named_by}")
+
+
+def finished_status(run_dir: Path) -> str | None:
+    """completed | diverged: the run is finished and never run again; failed: a summary that
+    says so (or cannot be read), tried again; None: no summary, resumed or started."""
+    path = Path(run_dir) / SUMMARY
+    if not path.exists():
+        return None
+    try:
+        status = read_json(path).get("status")
+    except (OSError, ValueError, AttributeError):
+        return "failed"
+    return status if status in ("completed", "diverged") else "failed"
+
+
 def run_cell(cell: Cell, out_root: str | Path, retries: int = 0, quiet: bool = True) -> CellOutcome:
     """Train `cell` under `out_root/<cell.id>/`, retrying a Python error `retries` times
-    before recording status `failed`. Divergence is a result and is never retried.
-    A run directory holding a run of another config is refused (ConfigError), finished or not."""
+    before recording status `failed`. Divergence is a result and is never retried; a cell
+    that failed before is tried again. A run directory holding a run of another config is
+    refused (ConfigError), finished or not."""
+    from ablate import plugins
     from ablate.train import check_existing_run, plan_run, train  # heavy imports (torch) only when needed
 
+    plugins.load(cell.plugins)  # a worker, Ray task or SLURM job: before anything names their values
     run_dir = Path(out_root) / cell.id
-    if (run_dir / SUMMARY).exists():
+    if finished_status(run_dir) in ("completed", "diverged"):
         return _finished(cell, run_dir)
     # Everything that can refuse the cell is checked before the lock creates its folder, so a
     # refused cell leaves nothing behind; train uses the same plan.
@@ -65,27 +115,68 @@ def run_cell(cell: Cell, out_root: str | Path, retries: int = 0, quiet: bool = T
     if not lock.acquire():
         return CellOutcome(cell.id, "busy", None)
     try:
-        if (run_dir / SUMMARY).exists():  # finished while we waited for the lock
+        status = finished_status(run_dir)
+        if status in ("completed", "diverged"):  # finished while we waited for the lock
             return _finished(cell, run_dir)
+        remove_stale_temporaries(run_dir)  # we hold the lock: whoever wrote them is gone
+        attempts_before = _set_aside_failed(run_dir) if status == "failed" else 0
+        first = _next_error_index(run_dir)
         for attempt in range(retries + 1):
             try:
                 return CellOutcome(cell.id, "trained", train(cell, run_dir, quiet=quiet, plan=plan))
             except ConfigError:
                 raise  # the user's input, not the run, is wrong: nothing to record
+            except OSError as e:
+                if e.errno in ENVIRONMENT_ERRNOS:
+                    raise  # the machine's fault (a full disk): not the run's result; a rerun resumes
+                error = _record_error(run_dir, first + attempt, e)
             except Exception as e:  # noqa: BLE001  (any other error in a run is its result)
-                error = f"{type(e).__name__}: {e}".splitlines()[0]
-                (run_dir / f"error-attempt{attempt}.txt").write_text(traceback.format_exc())
-                if attempt == retries:
-                    summary = {
-                        "status": "failed", "final_loss": None, "final_val_loss": None,
-                        "diverged_at_step": None, "steps": None, "wall_time_s": None,
-                        "error": error, "attempts": attempt + 1,
-                    }
-                    write_json_atomic(run_dir / SUMMARY, summary)
-                    return CellOutcome(cell.id, "trained", summary)
+                error = _record_error(run_dir, first + attempt, e)
+            if attempt == retries:
+                summary = {
+                    "status": "failed", "final_loss": None, "final_val_loss": None,
+                    "diverged_at_step": None, "steps": None, "wall_time_s": None,
+                    "error": error, "attempts": attempts_before + attempt + 1,
+                }
+                write_json_atomic(run_dir / SUMMARY, summary)
+                return CellOutcome(cell.id, "trained", summary)
     finally:
         lock.release()
     raise AssertionError("unreachable")
+
+
+_ERROR_FILE = re.compile(r"^error-attempt(\d+)\.txt$")
+_FAILED_SUMMARY = re.compile(r"^summary\.failed-(\d+)\.json$")
+
+
+def _indices(run_dir: Path, pattern: re.Pattern) -> list[int]:
+    return [int(m.group(1)) for name in os.listdir(run_dir) if (m := pattern.match(name))]
+
+
+def _next_error_index(run_dir: Path) -> int:
+    """error-attempt<n>.txt numbers go on across reruns: no earlier attempt's file is overwritten."""
+    return max(_indices(run_dir, _ERROR_FILE), default=-1) + 1
+
+
+def _record_error(run_dir: Path, index: int, e: BaseException) -> str:
+    """Write the traceback as error-attempt<index>.txt (atomically: never an empty or half file)
+    and return the error as one line."""
+    text = traceback.format_exc()
+    replace_atomic(run_dir / f"error-attempt{index}.txt", lambda f: f.write(text.encode()), fsync=False)
+    return (f"{type(e).__name__}: {e}".splitlines() or [type(e).__name__])[0]
+
+
+def _set_aside_failed(run_dir: Path) -> int:
+    """Keep a failed run's summary as summary.failed-<k>.json (the cell is unfinished again)
+    and return how many attempts it counted."""
+    path = run_dir / SUMMARY
+    try:
+        attempts = int(read_json(path).get("attempts") or 1)
+    except (OSError, ValueError, TypeError, AttributeError):
+        attempts = 1  # a damaged summary: one attempt we know nothing more about
+    k = max(_indices(run_dir, _FAILED_SUMMARY), default=-1) + 1
+    os.replace(path, run_dir / f"summary.failed-{k}.json")
+    return attempts
 
 
 def _finished(cell: Cell, run_dir: Path) -> CellOutcome:

@@ -6,6 +6,7 @@ ConfigError or VariantError, which become one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import sys
 
@@ -27,9 +28,15 @@ COMMANDS = {
     "grid": "run every cell of an ablation grid",
     "report": "plots and report.md for a grid or a run",
     "reproduce": "reproduce a published experiment end to end",
+    "export": "export runs to TensorBoard or W&B (offline); again adds only what is new",
+    "status": "the state of a grid running anywhere: counts, steps, time left",
     "kernels": "check or benchmark the kernel backends",
     "bench": "measure the harness against plain PyTorch",
 }
+
+
+# Commands that build or read variants take `--import MODULE_OR_FILE` (ablate/plugins.py).
+PLUGIN_COMMANDS = ("variants", "train", "grid", "reproduce", "bench")
 
 
 def _command_module(name: str):
@@ -46,15 +53,40 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         if only is None or name == only:
             module = _command_module(name)
             module.add_arguments(p)
+            if name in PLUGIN_COMMANDS:
+                p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE_OR_FILE",
+                               help="a plugin: a Python file or module that registers variants, inits, optimizers "
+                                    "or schedules (repeatable)")
             p.set_defaults(run=module.run)
     return parser
+
+
+# OSErrors the user can fix (free space, permissions, a path): exit 2 like bad input; any other
+# (an I/O error of the device) is still one line, exit 1.
+USER_FIXABLE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT,
+                       errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENAMETOOLONG, errno.ELOOP)
+
+
+def describe_os_error(e: OSError) -> str:
+    """One line naming what failed and where: 'No space left on device: /runs/x/checkpoint.pt'."""
+    what = e.strerror or str(e)
+    paths = [p for p in (e.filename, e.filename2) if p is not None]
+    return f"{what}: {' -> '.join(map(str, paths))}" if paths else what
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = argv[0] if argv and argv[0] in COMMANDS else ""  # "": no command given, or a bad one
-    args = build_parser(only=command).parse_args(argv)
+    try:  # parsing imports the command's module (torch): Ctrl-C there is an interruption too
+        args = build_parser(only=command).parse_args(argv)
+    except KeyboardInterrupt:
+        print(f"ablate{' ' + command if command else ''}: interrupted", file=sys.stderr)
+        return 130
     try:
+        if args.command in PLUGIN_COMMANDS:
+            from ablate import plugins
+
+            plugins.load(args.imports)
         return int(args.run(args) or 0)
     except ConfigError as e:
         print(f"ablate {args.command}: error: {e}", file=sys.stderr)
@@ -65,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"ablate {args.command}: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:  # the environment: a full disk, a path that cannot be created or written
+        print(f"ablate {args.command}: error: {describe_os_error(e)}", file=sys.stderr)
+        return 2 if e.errno in USER_FIXABLE_ERRNOS else 1
     except Exception as e:
         from ablate.variants.registry import VariantError  # imported by then: only a command raises it
 
@@ -75,4 +110,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def main_entry() -> None:
-    sys.exit(main())
+    try:
+        code = main()
+    except KeyboardInterrupt:  # between the interpreter's start and main's own handlers
+        print("ablate: interrupted", file=sys.stderr)
+        code = 130
+    sys.exit(code)

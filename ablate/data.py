@@ -4,6 +4,11 @@ Every source ends up as token files in llm.c's shard format (a 256 x int32 heade
 magic 20240520, version 1 and the token count, then uint16 tokens), memory-mapped, so the
 corpus is never held in Python objects. Converted sources are cached under
 $ABLATE_CACHE (default ~/.cache/ablate), keyed by the files' names, sizes and mtimes.
+A cache entry is trusted only while it verifies: its meta file carries a checksum of its
+own fields and the token file's stat (size, mtime, inode, ctime); a token file whose stat
+changed is hashed again and kept only if its fingerprint is the recorded one; anything
+else (edited meta, tampered or missing tokens) is rebuilt from the sources. So the
+fingerprint a run records is the one of the tokens it trains on.
 
 Batches are a pure function of (seed, step): resuming needs no loader state, and two
 variants trained with the same seed see the same batches in the same order.
@@ -21,7 +26,7 @@ import numpy as np
 import torch
 
 from ablate.errors import ConfigError
-from ablate.rundir import create_temporary, write_json_atomic
+from ablate.rundir import replace_atomic, write_json_atomic
 
 MAGIC, VERSION, HEADER_INTS = 20240520, 1, 256
 VAL_FRACTION = 0.05
@@ -31,6 +36,39 @@ _SPLIT_SALT = {"train": 0, "val": 1}
 
 def cache_root() -> Path:
     return Path(os.environ.get("ABLATE_CACHE", Path.home() / ".cache" / "ablate"))
+
+
+def _cache_error(path: Path, e: OSError) -> ConfigError:
+    where = f"ABLATE_CACHE={os.environ['ABLATE_CACHE']}" if "ABLATE_CACHE" in os.environ else "the token cache"
+    return ConfigError(f"{where}: cannot write {path} ({e.strerror}); valid: a folder you can write to "
+                       "(ABLATE_CACHE, default ~/.cache/ablate)")
+
+
+# ---------------------------------------------------------------- verified cache entries
+
+
+def _stat_of(path: Path) -> list[int]:
+    """What changes when a file is rewritten or replaced, even with its size and mtime kept."""
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+
+
+def _checksum(fields: dict) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def _write_meta(path: Path, fields: dict) -> None:
+    write_json_atomic(path, {**fields, "check": _checksum(fields)})
+
+
+def _read_meta(path: Path) -> dict | None:
+    """A meta file's fields, None when it is missing, damaged or edited (its checksum differs)."""
+    try:
+        meta = json.loads(Path(path).read_text())
+        fields = {k: v for k, v in meta.items() if k != "check"}
+        return fields if meta.get("check") == _checksum(fields) else None
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 # ---------------------------------------------------------------- llm.c shard format
@@ -45,15 +83,12 @@ def write_shard(path: Path, tokens: np.ndarray) -> None:
     header[:3] = (MAGIC, VERSION, tokens.size)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = create_temporary(path)  # mode 0666 less umask: a shared cache others can read
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(header.tobytes())
-            f.write(tokens.astype(np.uint16).tobytes())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+
+    def write(f):
+        f.write(header.tobytes())
+        f.write(tokens.astype(np.uint16).tobytes())
+
+    replace_atomic(path, write)  # mode 0666 less umask: a shared cache others can read
 
 
 def read_shard(path: Path) -> np.ndarray:
@@ -125,9 +160,8 @@ def _train_bpe(chunks: list[str], vocab_size: int, out: Path):
     tok.train_from_iterator(chunks, trainer, length=len(chunks))
     if tok.get_vocab_size() > vocab_size:
         raise ConfigError(f"BPE produced {tok.get_vocab_size()} tokens, more than vocab_size {vocab_size}")
-    tmp = out.with_suffix(".tmp")
-    tok.save(str(tmp))
-    os.replace(tmp, out)
+    text = tok.to_str()
+    replace_atomic(out, lambda f: f.write(text.encode()))
     return tok
 
 
@@ -216,16 +250,18 @@ def _scan(arrays: list[np.ndarray]) -> tuple[str, int]:
 def _shard_scan(files: list[Path], arrays: list[np.ndarray]) -> tuple[str, int]:
     """_scan of llm.c shards, cached by their paths, sizes and mtimes: shards can hold billions
     of tokens, and every run start (each cell of a grid) would otherwise read them all."""
-    meta_path = cache_root() / f"shards-{_listing_key(files, 'shards|v1')}.json"
-    try:
-        meta = json.loads(meta_path.read_text())
-        return meta["fingerprint"], int(meta["max_token"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    meta_path = cache_root() / f"shards-{_listing_key(files, 'shards|v2')}.json"
+    stats = [_stat_of(f) for f in files]
+    meta = _read_meta(meta_path)
+    if meta is not None and meta.get("stats") == stats:
+        try:
+            return str(meta["fingerprint"]), int(meta["max_token"])
+        except (KeyError, TypeError, ValueError):
+            pass
     fingerprint, top = _scan(arrays)
     try:
         meta_path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(meta_path, {"fingerprint": fingerprint, "max_token": top})
+        _write_meta(meta_path, {"fingerprint": fingerprint, "max_token": top, "stats": stats})
     except OSError:
         pass  # a read-only cache only costs the scan next time
     return fingerprint, top
@@ -239,18 +275,46 @@ def unigram_entropy(tokens: np.ndarray) -> float:
     return float(-(p * np.log(p)).sum())
 
 
+def _verified_tokens(tokens_path: Path, meta: dict | None) -> np.ndarray | None:
+    """The cached tokens when they are the ones `meta` describes, else None (rebuild them)."""
+    if meta is None or not isinstance(meta.get("fingerprint"), str):
+        return None
+    try:
+        stat = _stat_of(tokens_path)
+        tokens = read_shard(tokens_path)
+    except (OSError, ConfigError):  # missing, unreadable, or not a shard any more
+        return None
+    if meta.get("stat") == stat:
+        return tokens
+    if _fingerprint([tokens]) != meta["fingerprint"]:  # rewritten since: other tokens
+        return None
+    try:  # the same tokens in a new file (a copied cache): remember its stat, skip this hash next time
+        _write_meta(tokens_path.with_suffix(".json"), {**meta, "stat": stat})
+    except OSError:
+        pass
+    return tokens
+
+
 def _cached_tokens(files: list[Path], tokenizer: str, vocab_size: int, tag: str) -> tuple[np.ndarray, dict]:
     key = _listing_key(files, f"{tag}|{tokenizer}|{vocab_size}|v3")
     cache = cache_root() / f"{tag}-{key}"
     tokens_path, meta_path = cache / f"tokens-{tokenizer}-{vocab_size}.bin", cache / f"tokens-{tokenizer}-{vocab_size}.json"
-    if not meta_path.exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        tokens = _encode(files, tokenizer, vocab_size, cache)
-        write_shard(tokens_path, tokens)
-        stored = read_shard(tokens_path)
-        meta = {"fingerprint": _fingerprint([stored]), "files": len(files), "unigram_entropy": unigram_entropy(stored)}
-        write_json_atomic(meta_path, meta)
-    return read_shard(tokens_path), json.loads(meta_path.read_text())
+    meta = _read_meta(meta_path)
+    tokens = _verified_tokens(tokens_path, meta)
+    if tokens is None:
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+            write_shard(tokens_path, _encode(files, tokenizer, vocab_size, cache))
+            stat = _stat_of(tokens_path)
+            tokens = read_shard(tokens_path)
+            meta = {"fingerprint": _fingerprint([tokens]), "files": len(files),
+                    "unigram_entropy": unigram_entropy(tokens), "stat": stat}
+            _write_meta(meta_path, meta)
+        except OSError as e:
+            if e.filename and not str(e.filename).startswith(str(cache_root())):
+                raise  # a source file, not the cache
+            raise _cache_error(Path(e.filename) if e.filename else cache, e) from None
+    return tokens, meta
 
 
 def _split(tokens: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:

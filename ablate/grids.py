@@ -23,6 +23,7 @@ that the variant rules refuse (e.g. `deepnorm` without residual) is dropped and 
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 import tomllib
@@ -31,17 +32,95 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
-from ablate.cell import Cell
-from ablate.config import OPTION_NAMES, TrainConfig, coerce_option, resolve
+from ablate.cell import Cell, check_id_fits
+from ablate.config import EXECUTION_KEYS, OPTION_NAMES, TrainConfig, coerce_option, group_id, resolve
 from ablate.errors import ConfigError
 from ablate.variants import AXES, VariantError, parse_variant
 
-TOP_KEYS = ("name", "description", "base", "axes", "include", "exclude", "scales")
+TOP_KEYS = ("name", "description", "imports", "base", "axes", "include", "exclude", "scales")
 SCALE_KEYS = ("description", "base", "axes", "include", "exclude")
 DEFAULT_SCALE = "cpu"
 # Options that never make two cells different runs (the scheduler sets `threads` per worker).
-NOT_IDENTITY = ("threads",)
+# Options that never make two cells different runs: how a cell executes (ablate/config.py roles).
+NOT_IDENTITY = EXECUTION_KEYS
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+
+
+class _Resolver:
+    """`resolve`, memoised on everything but the seed, for grids of many seeds: a million-seed
+    grid resolves one config per distinct setting, not a million. Sound because the seed enters
+    no check across options (config._check), and each seed value was checked alone when the
+    file was read (coerce_option): a cell's config is its seedless one with its seed set."""
+
+    def __init__(self):
+        self._memo: dict[tuple, TrainConfig] = {}
+        self._axes: dict[int, dict] = {}
+
+    def base(self, options: Mapping[str, Any], strict: bool = True) -> TrainConfig:
+        """The config of `options` with the seed left at its default (ConfigError if invalid)."""
+        rest = dict(options)
+        rest.pop("seed", None)
+        key = (strict, frozenset(rest.items()))  # each option's values have one type (coerce_option)
+        cfg = self._memo.get(key)
+        if cfg is None:
+            cfg = self._memo[key] = resolve(rest, strict)
+        return cfg
+
+    def axes(self, cfg: TrainConfig) -> dict[str, Any]:
+        """cfg.spec.axes(), once per config (it copies the spec)."""
+        if id(cfg) not in self._axes:
+            self._axes[id(cfg)] = cfg.spec.axes()
+        return self._axes[id(cfg)]
+
+    @staticmethod
+    def seeded(cfg: TrainConfig, seed: int) -> TrainConfig:
+        return with_seed(cfg, seed)
+
+
+_CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
+
+
+def with_seed(cfg: TrainConfig, seed: int) -> TrainConfig:
+    """`cfg` with another seed. The variant spec and model size (cached on the config) do not
+    depend on the seed, so the copy keeps them instead of resolving them again."""
+    if seed == cfg.seed:
+        return cfg
+    # A field-for-field copy (dataclasses.replace costs ~80 us on a config of this size).
+    copy = object.__new__(type(cfg))
+    state = vars(copy)
+    state.update(vars(cfg))
+    for cached in set(state) - _CONFIG_FIELDS - {"spec", "size"}:  # any other cached value: recomputed
+        del state[cached]
+    state["seed"] = seed  # checked when it was read (coerce_option)
+    return copy
+
+
+class CellConfigs(Mapping):
+    """cell id -> its resolved TrainConfig, stored as (config without the seed, seed) so that a
+    grid of a million seeds holds one config per distinct setting; `distinct()` lists those."""
+
+    def __init__(self):
+        self._of: dict[str, tuple[TrainConfig, int]] = {}
+
+    def add(self, cell_id: str, cfg: TrainConfig, seed: int) -> None:
+        self._of[cell_id] = (cfg, seed)
+
+    def __getitem__(self, cell_id: str) -> TrainConfig:
+        return with_seed(*self._of[cell_id])
+
+    def __iter__(self):
+        return iter(self._of)
+
+    def __len__(self) -> int:
+        return len(self._of)
+
+    def setting(self, cell_id: str) -> TrainConfig:
+        """The cell's config but for its seed (cheaper than configs[cell_id])."""
+        return self._of[cell_id][0]
+
+    def distinct(self) -> list[TrainConfig]:
+        """One config per distinct setting (seeds aside)."""
+        return list({id(cfg): cfg for cfg, _ in self._of.values()}.values())
 
 
 @dataclass
@@ -63,11 +142,11 @@ class Grid:
     duplicates: list[tuple[str, str]] = field(default_factory=list)  # (dropped options, kept id)
     refused: list[str] = field(default_factory=list)  # one line per dropped contradictory crossing
     id_keys: tuple[str, ...] = ()
-    configs: dict[str, TrainConfig] = field(default_factory=dict)  # cell id -> resolved config
+    configs: CellConfigs = field(default_factory=CellConfigs)  # cell id -> resolved config
 
     @property
     def total_steps(self) -> int:
-        return sum(self.configs[c.id].steps for c in self.cells)
+        return sum(self.configs.setting(c.id).steps for c in self.cells)
 
     def record(self) -> dict[str, Any]:
         """What grid.json says about the grid itself (the statuses are added on writing)."""
@@ -153,6 +232,9 @@ def _axes(source: str, where: str, table: Any) -> dict[str, list]:
             raise _fail(source, where, f"{key} must be a list of values, e.g. {key} = [{values!r}]")
         if not values:
             raise _fail(source, where, f"{key} = [] leaves the grid empty; valid: a list of one or more values")
+        if key in NOT_IDENTITY and len(values) > 1:
+            raise _fail(source, where, f"{key} is an execution setting (how a cell runs, not what it trains), so it "
+                                       f"cannot be an axis; valid: set it in [base] or with --set / --{key}")
         out[key] = [_scalar(source, where, key, v) for v in values]
     return out
 
@@ -193,9 +275,24 @@ def read_grid_file(path: Path) -> dict[str, Any]:
     for key in data:
         if key not in TOP_KEYS:
             raise _fail(source, "", f"unknown key {key!r}; valid: {', '.join(TOP_KEYS)}")
-    name = data.get("name", Path(path).stem)
-    if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise _fail(source, "name", f"{name!r} is not a valid grid name; valid: letters, digits and . _ + - (it names a folder)")
+    imports = data.get("imports", [])
+    if not isinstance(imports, list) or not all(isinstance(i, str) for i in imports):
+        raise _fail(source, "imports", f"{imports!r} is not a list of strings; valid: imports = [\"my_blocks.py\"]")
+    from ablate import plugins
+
+    # Before any value is checked: the grid may name what its plugins register. Files are
+    # relative to the grid file, so the grid runs from any folder.
+    plugins.load(imports, base=Path(path).resolve().parent)
+    if not set(data) - {"name", "description", "imports"}:  # an empty file would train one default cell
+        raise _fail(source, "", "defines no cells (no [base], [axes] or [[include]]); valid: a grid file as in "
+                                "`ablate grid --help` or README.md, e.g. [axes] norm = [\"pre\", \"post\"]")
+    if "name" in data:
+        name = data["name"]
+        if not isinstance(name, str) or not _NAME_RE.match(name):
+            raise _fail(source, "name", f"{name!r} is not a valid grid name; valid: letters, digits and . _ + - "
+                                        "(it names a folder)")
+    else:
+        name = derived_name(Path(path))
     description = data.get("description", "")
     if not isinstance(description, str):
         raise _fail(source, "description", "must be a string")
@@ -206,6 +303,15 @@ def read_grid_file(path: Path) -> dict[str, Any]:
             if key not in SCALE_KEYS:
                 raise _fail(source, f"[scales.{scale}]", f"unknown key {key!r}; valid: {', '.join(SCALE_KEYS)}")
     return {"source": source, "name": name, "description": description, "scales": scales, **data}
+
+
+def derived_name(path: Path) -> str:
+    """A grid without a `name` is named after its file: `my grid.toml` -> `my-grid`."""
+    name = re.sub(r"[^A-Za-z0-9_.+-]+", "-", path.stem).strip("-.")
+    if not _NAME_RE.match(name):
+        raise ConfigError(f"{path}: the file name {path.name!r} gives no grid name (the grid has no `name` key); "
+                          "valid: a `name = \"...\"` line of letters, digits and . _ + -, or a file name with some")
+    return name
 
 
 # --------------------------------------------------------------------------------- expanding
@@ -231,9 +337,13 @@ def _identity(cfg: TrainConfig) -> tuple:
     return (spec,) + opts
 
 
-def _matches(cfg: TrainConfig, entry: Mapping[str, Any]) -> bool:
+def _matches(cfg: TrainConfig, entry: Mapping[str, Any], seed: int) -> bool:
+    """Whether the crossing (`cfg` without its seed, and `seed`) matches an [[exclude]] entry."""
     for key, value in entry.items():
-        if key == "variant":
+        if key == "seed":
+            if seed != value:
+                return False
+        elif key == "variant":
             try:
                 if parse_variant(str(value)) != cfg.spec:
                     return False
@@ -322,26 +432,27 @@ def load_grid(grid: str | Path, scale: str = DEFAULT_SCALE, overrides: Mapping[s
     # [base] and --set apply to every cell, so a variant axis that their block would ignore
     # is refused as in `ablate train`; the axes, includes and excludes are crossings
     # (strict=False), where such an axis collapses the crossing instead.
+    resolver = _Resolver()
     try:
         resolve(base)
     except ConfigError as e:
         raise _fail(source, "[base]", str(e)) from None
     for key, values in axes.items():
-        for value in values:
+        for value in values if key != "seed" else values[:1]:  # a seed was checked alone (coerce_option)
             try:
-                resolve({**base, key: value}, strict=False)
+                resolver.base({**base, key: value}, strict=False)
             except ConfigError as e:
                 raise _fail(source, "[axes]", str(e)) from None
     for i, entry in enumerate(include):
         for combo in _cross(entry):
             try:
-                resolve({**base, **combo}, strict=False)
+                resolver.base({**base, **combo}, strict=False)
             except ConfigError as e:
                 raise _fail(source, f"[[include]][{i}]", str(e)) from None
     for i, entry in enumerate(exclude):
         for key, value in entry.items():
             try:
-                resolve({**base, key: value}, strict=False)
+                resolver.base({**base, key: value}, strict=False)
             except ConfigError as e:
                 raise _fail(source, f"[[exclude]][{i}]", str(e)) from None
     try:
@@ -356,11 +467,11 @@ def load_grid(grid: str | Path, scale: str = DEFAULT_SCALE, overrides: Mapping[s
     for combo in itertools.product(*(axes[k] for k in keys)):
         options = {**base, **dict(zip(keys, combo))}
         try:
-            cfg = resolve(options, strict=False)
+            cfg = resolver.base(options, strict=False)
         except ConfigError as e:
             refused.append(f"{_describe(dict(zip(keys, combo)))}: {' '.join(str(e).split())}")
             continue
-        if any(_matches(cfg, entry) for entry in exclude):
+        if any(_matches(cfg, entry, options.get("seed", cfg.seed)) for entry in exclude):
             continue
         candidates.append(options)
     for i, entry in enumerate(include):
@@ -368,65 +479,80 @@ def load_grid(grid: str | Path, scale: str = DEFAULT_SCALE, overrides: Mapping[s
     combinations = len(candidates)
 
     # Apply --set, resolve, and collapse cells that train the same thing.
-    kept: list[tuple[dict, TrainConfig]] = []
+    kept: list[tuple[dict, TrainConfig, int]] = []  # (options, config without its seed, seed)
     seen: dict[tuple, int] = {}
     duplicates: list[tuple[str, str]] = []
-    for options in candidates:
-        options = {**options, **overrides}
+    identity: dict[int, tuple] = {}  # id(config without seed) -> _identity of it
+    for given in candidates:
+        options = {**given, **overrides}
         try:
-            cfg = resolve(options, strict=False)
+            cfg = resolver.base(options, strict=False)
         except ConfigError as e:  # an override contradicting a crossing
             refused.append(f"{_describe(_diff(options, base))}: {' '.join(str(e).split())}")
             continue
-        described = _describe(_diff(options, base))
+        asked = options
         # Record the axes as they resolve: a gated MLP's `act` is None, not the crossed value.
-        spec_axes = cfg.spec.axes()
+        spec_axes = resolver.axes(cfg)
         if any(key in options and options[key] != spec_axes[key] for key in AXES):
-            for key in AXES:
-                if key in options:
-                    options[key] = spec_axes[key]
-            cfg = resolve(options, strict=False)
+            options = {**options, **{key: spec_axes[key] for key in AXES if key in options}}
+            cfg = resolver.base(options, strict=False)
         try:
-            resolve(options)  # as one run: how the cell is resolved again when it trains
+            resolver.base(options)  # as one run: how the cell is resolved again when it trains
         except ConfigError:  # an axis written in `variant` (act=relu) that the crossing dropped
-            options["variant"] = cfg.spec.id
-        ident = _identity(cfg)
+            options = {**options, "variant": cfg.spec.id}
+        seed = options.get("seed", cfg.seed)
+        if id(cfg) not in identity:
+            identity[id(cfg)] = _identity(cfg)
+        ident = (identity[id(cfg)], seed)
         if ident in seen:
-            duplicates.append((described, str(seen[ident])))
+            duplicates.append((_describe(_diff(asked, base)), str(seen[ident])))
             continue
         seen[ident] = len(kept)
-        kept.append((options, cfg))
+        kept.append((options, cfg, seed))
+    del candidates, seen
     if not kept:
         why = f" ({len(refused)} crossings refused, e.g. {refused[0]})" if refused else (
             " (every crossing is excluded)" if exclude and not include else "")
         raise _fail(source, "", f"the grid has no cells{why}; valid: [axes] lists of values, [[exclude]] that leave some cells")
 
     # What varies across the cells names them: the variant id, those options, the seed.
+    distinct = list({id(cfg): cfg for _, cfg, _ in kept}.values())
     varying_options = tuple(
         k for k in OPTION_NAMES
         if k not in AXES and k not in ("variant", "seed") + NOT_IDENTITY
-        and len({getattr(cfg, k) for _, cfg in kept}) > 1  # as given: a model axis alone does not name `layers`
+        and len({getattr(cfg, k) for cfg in distinct}) > 1  # as given: a model axis alone does not name `layers`
     )
-    varying_axes = tuple(k for k in AXES if len({cfg.spec.axes()[k] for _, cfg in kept}) > 1)
+    varying_axes = tuple(k for k in AXES if len({resolver.axes(cfg)[k] for cfg in distinct}) > 1)
+    named_by = (f"the variant, the seed and the options that vary in the grid "
+                f"({', '.join((*varying_axes, *varying_options)) or 'none'}); valid: fewer axes "
+                "(split the grid, or fix some of these options in [base])")
+    setting_axes: dict[int, tuple] = {}  # id(config without seed) -> (the cell's axes but its seed, group)
     cells: list[Cell] = []
-    configs: dict[str, TrainConfig] = {}
+    configs = CellConfigs()
     ids: dict[str, int] = {}
-    for i, (options, cfg) in enumerate(kept):
-        cell_axes = {k: cfg.spec.axes()[k] for k in varying_axes}
-        cell_axes.update({k: _effective(cfg, k) for k in varying_options})
-        cell_axes["seed"] = cfg.seed
+    for i, (options, base_cfg, seed) in enumerate(kept):
+        if id(base_cfg) not in setting_axes:
+            shared = {k: resolver.axes(base_cfg)[k] for k in varying_axes}
+            shared.update({k: _effective(base_cfg, k) for k in varying_options})
+            setting_axes[id(base_cfg)] = (shared, group_id(base_cfg, varying_options, keep_defaults=True))
+        shared, group = setting_axes[id(base_cfg)]
+        cfg = resolver.seeded(base_cfg, seed)
         # Named by every option that varies in the grid, default values included: a train run
         # leaves `warmup=0` out of its id, but a grid crossing warmup 0 and 100 names both.
-        cell = Cell.from_options(options, id_keys=varying_options, axes=cell_axes, grid=raw["name"],
-                                 keep_defaults=True)
+        cell = Cell.from_options(options, id_keys=varying_options, axes={**shared, "seed": seed},
+                                 grid=raw["name"], keep_defaults=True, cfg=cfg, group=group)
         if "/" in cell.id or cell.id.startswith("."):
             raise _fail(source, "", f"cell id {cell.id!r} is not a folder name (an option that varies has a "
                                     "'/' in its value); valid: vary options whose values have no '/'")
+        try:
+            check_id_fits(cell.id, named_by)
+        except ConfigError as e:
+            raise _fail(source, "", str(e)) from None
         if cell.id in ids:  # cannot happen: every difference is in the id
             raise _fail(source, "", f"two different cells share the id {cell.id!r}")
         ids[cell.id] = i
         cells.append(cell)
-        configs[cell.id] = cfg
+        configs.add(cell.id, base_cfg, seed)
     duplicates = [(d, cells[int(k)].id) for d, k in duplicates]
 
     return Grid(

@@ -1,17 +1,28 @@
-"""Small, crash-safe file operations for run directories."""
+"""Small, crash-safe file operations for run directories.
+
+Nothing here follows a symbolic link it is about to write through: temporaries are created
+fresh (O_EXCL | O_NOFOLLOW) and renamed over their target (a rename replaces a link, never
+its target), and the lock file is opened with O_NOFOLLOW.
+"""
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import math
 import os
 import secrets
+import stat
+import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Callable
 
 from ablate.errors import ConfigError
 
 CONFIG, METRICS, SUMMARY, CHECKPOINT, LOCK = "config.json", "metrics.jsonl", "summary.json", "checkpoint.pt", ".lock"
+# Temporaries that writers killed mid-write (kill -9, a full disk) may leave behind.
+TEMPORARY_GLOB = ".*.tmp"
+LEGACY_TEMPORARIES = ("checkpoint.tmp", "metrics.tmp")
 
 
 def finite_or_none(value: Any) -> Any:
@@ -21,21 +32,31 @@ def finite_or_none(value: Any) -> Any:
     return value
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write to a temporary file in the same folder, fsync, then rename over `path`:
-    a reader sees the old file or the new one, never half of one."""
+def replace_atomic(path: Path, write: Callable[[BinaryIO], Any], fsync: bool = True) -> None:
+    """Call `write(f)` on a fresh temporary file next to `path` (opened binary, O_EXCL |
+    O_NOFOLLOW: never an existing file or a link), then rename it over `path`. A reader sees
+    the old file or the new one, never half of one; a failed or interrupted write (a full
+    disk) leaves `path` as it was and removes the temporary; a symlink at `path` is replaced,
+    its target left alone."""
     path = Path(path)
     fd, tmp = create_temporary(path)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, allow_nan=False)
-            f.write("\n")
+        with os.fdopen(fd, "wb") as f:
+            write(f)
             f.flush()
-            os.fsync(f.fileno())
+            if fsync:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """`data` as indented JSON, atomically (replace_atomic). JSON has no inf or NaN: such a
+    value is refused (ValueError) before anything is written."""
+    text = json.dumps(data, indent=2, allow_nan=False) + "\n"
+    replace_atomic(path, lambda f: f.write(text.encode()))
 
 
 def create_temporary(path: Path) -> tuple[int, Path]:
@@ -45,9 +66,21 @@ def create_temporary(path: Path) -> tuple[int, Path]:
     while True:
         tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
         try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666), tmp
         except FileExistsError:  # a name another writer drew: draw again
             continue
+
+
+def remove_stale_temporaries(run_dir: Path) -> None:
+    """Remove what writers that died mid-write left in `run_dir`. Call it holding the cell's
+    lock: no live writer is using them then. A link is removed, never its target."""
+    run_dir = Path(run_dir)
+    for tmp in [*run_dir.glob(TEMPORARY_GLOB), *(run_dir / n for n in LEGACY_TEMPORARIES)]:
+        try:
+            if not stat.S_ISDIR(tmp.lstat().st_mode):
+                tmp.unlink()
+        except FileNotFoundError:
+            pass
 
 
 def check_out_path(out: Path, target: Path) -> None:
@@ -70,42 +103,66 @@ def read_json(path: Path) -> Any:
         return json.load(f)
 
 
+# struct flock for fcntl(2) on Linux: l_type, l_whence, l_start, l_len, l_pid (padded to 32 bytes).
+_FLOCK = "hhqqi4x"
+
+
+def _whole_file(kind: int) -> bytes:
+    return struct.pack(_FLOCK, kind, os.SEEK_SET, 0, 0, 0)
+
+
 class CellLock:
-    """An exclusive, non-blocking flock on `<run_dir>/.lock`. The kernel releases it when
-    the holding process dies, even by kill -9, so a dead run never leaves a cell stuck."""
+    """An exclusive, non-blocking lock on `<run_dir>/.lock`: an open-file-description lock
+    (fcntl F_OFD_SETLK, Linux). The kernel releases it when the holding process dies, even by
+    kill -9, so a dead run never leaves a cell stuck. Unlike flock, it can be tested without
+    being taken (F_OFD_GETLK), so checking a cell's status never makes it look busy to a
+    trainer locking it at that instant; and network file systems (NFS, Lustre) see it across
+    machines. The file is opened with O_NOFOLLOW: a .lock that is a link is refused."""
 
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / LOCK
         self._fd: int | None = None
 
+    def _open(self, flags: int) -> int:
+        try:
+            return os.open(self.path, flags | os.O_NOFOLLOW, 0o666)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise ConfigError(f"{self.path} is a symbolic link (to {os.readlink(self.path)!r}); the lock file "
+                                  "must be a plain file: remove the link") from None
+            raise
+
     def acquire(self) -> bool:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = self._open(os.O_RDWR | os.O_CREAT)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _whole_file(fcntl.F_WRLCK))
+        except OSError as e:
             os.close(fd)
-            return False
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+            if e.errno in (errno.EAGAIN, errno.EACCES):
+                return False
+            raise
+        info = os.fstat(fd)
+        if stat.S_ISREG(info.st_mode) and info.st_nlink == 1:  # never truncate a file linked elsewhere
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())  # for a human looking: who holds it
         self._fd = fd
         return True
 
     def release(self) -> None:
         if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
+            os.close(self._fd)  # closing the last descriptor of the description releases the lock
             self._fd = None
 
     def is_held_elsewhere(self) -> bool:
-        if not self.path.exists():
-            return False
-        fd = os.open(self.path, os.O_RDONLY)
+        """Whether another open file description (another process, or another CellLock in
+        this one) holds the lock. Takes no lock itself."""
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:  # no lock file (or a link, which no trainer can lock): nobody holds it
             return False
-        except BlockingIOError:
-            return True
+        try:
+            answer = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _whole_file(fcntl.F_WRLCK))
         finally:
             os.close(fd)
+        return struct.unpack(_FLOCK, answer)[0] != fcntl.F_UNLCK

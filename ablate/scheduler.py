@@ -22,6 +22,7 @@ import ctypes
 import ctypes.util
 import dataclasses
 import fcntl
+import json
 import os
 import signal
 import sys
@@ -31,9 +32,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from ablate.cell import Cell, CellOutcome, run_cell
+from ablate.cell import ENVIRONMENT_ERRNOS, Cell, CellOutcome, finished_status, run_cell
 from ablate.errors import ConfigError
-from ablate.rundir import SUMMARY, CellLock, read_json, write_json_atomic
+from ablate.rundir import SUMMARY, CellLock, read_json, replace_atomic, write_json_atomic
 
 GRID_JSON, GRID_LOCK = "grid.json", ".grid.lock"
 FINISHED = ("completed", "diverged", "failed")
@@ -64,13 +65,73 @@ class _FileLock:
         self.path = path
 
     def __enter__(self):
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         return self
 
     def __exit__(self, *exc):
         fcntl.flock(self.fd, fcntl.LOCK_UN)
         os.close(self.fd)
+
+
+class GridJson:
+    """grid.json of one grid folder, kept by the process running the grid so that an update
+    costs what changed, not the grid's size: `write(changed)` re-derives the status of the
+    cells named (the ones this process started or finished) and re-serialises only their
+    lines; the file is the cached lines joined. Every FULL_EVERY_S (and on `write()` without
+    ids, as at the start and end of a run) all cells are re-derived, so cells that other
+    processes train show up too. Same keys and contents as write_grid_json."""
+
+    FULL_EVERY_S = 30.0
+
+    def __init__(self, out_root: str | Path, record: dict[str, Any]):
+        self.out_root = Path(out_root)
+        self.head = {k: v for k, v in record.items() if k != "cells"}
+        self.entries = record["cells"]
+        self.index = {c["id"]: i for i, c in enumerate(self.entries)}
+        self.status: list[str | None] = [None] * len(self.entries)
+        self.lines: list[str] = [""] * len(self.entries)
+        self.counts: Counter = Counter()
+        self.last_full = float("-inf")
+
+    def _derive(self, i: int) -> None:
+        c = self.entries[i]
+        status = cell_status(self.out_root, c["id"])
+        if status == self.status[i]:
+            return
+        if self.status[i] is not None:
+            self.counts[self.status[i]] -= 1
+        self.counts[status] += 1
+        self.status[i] = status
+        entry = {"id": c["id"], "group": c["group"], "status": status, "options": c["options"],
+                 **({"threads": c["threads"]} if "threads" in c else {})}
+        self.lines[i] = "    " + json.dumps(entry, allow_nan=False)
+
+    def write(self, changed: Iterable[str] | None = None) -> dict[str, Any]:
+        """Update grid.json (all cells when `changed` is None or a full pass is due); returns
+        its header with counts (without the cells, which `state()` adds)."""
+        self.out_root.mkdir(parents=True, exist_ok=True)
+        with _FileLock(self.out_root / GRID_LOCK):
+            full = changed is None or time.monotonic() - self.last_full > self.FULL_EVERY_S
+            if full:
+                self.last_full = time.monotonic()
+            for i in range(len(self.entries)) if full else sorted({self.index[c] for c in changed if c in self.index}):
+                self._derive(i)
+            head = {**self.head, "counts": {k: v for k, v in self.counts.items() if v},
+                    "updated": datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds")}
+            text = json.dumps(head, indent=2, allow_nan=False)
+            # The cells last, one per line: a small change rewrites bytes, not Python objects.
+            text = text[:-2] + ',\n  "cells": [\n' + ",\n".join(self.lines) + "\n  ]\n}\n"
+            # No fsync: grid.json is re-derived from the run directories by any later run.
+            replace_atomic(self.out_root / GRID_JSON, lambda f: f.write(text.encode()), fsync=False)
+        return head
+
+    def state(self) -> dict[str, Any]:
+        """What the last write wrote, as write_grid_json returns it."""
+        cells = [{"id": c["id"], "group": c["group"], "status": st, "options": c["options"],
+                  **({"threads": c["threads"]} if "threads" in c else {})}
+                 for c, st in zip(self.entries, self.status)]
+        return {**self.head, "counts": {k: v for k, v in self.counts.items() if v}, "cells": cells}
 
 
 def write_grid_json(out_root: str | Path, record: dict[str, Any]) -> dict[str, Any]:
@@ -80,13 +141,24 @@ def write_grid_json(out_root: str | Path, record: dict[str, Any]) -> dict[str, A
     out_root.mkdir(parents=True, exist_ok=True)
     with _FileLock(out_root / GRID_LOCK):
         cells = [{"id": c["id"], "group": c["group"], "status": cell_status(out_root, c["id"]),
-                  "options": c["options"]} for c in record["cells"]]
+                  "options": c["options"], **({"threads": c["threads"]} if "threads" in c else {})}
+                 for c in record["cells"]]
         data = {k: v for k, v in record.items() if k != "cells"}
         data["counts"] = dict(Counter(c["status"] for c in cells))
         data["cells"] = cells
         data["updated"] = datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds")
         write_json_atomic(out_root / GRID_JSON, data)
     return data
+
+
+def recorded_threads(out_root: str | Path) -> dict[str, int]:
+    """cell id -> the torch threads an earlier run of the grid gave it (grid.json), so that a
+    rerun trains every cell as the first run would have, however many cells are left."""
+    try:
+        cells = read_json(Path(out_root) / GRID_JSON).get("cells", [])
+        return {c["id"]: int(c["threads"]) for c in cells if isinstance(c, dict) and c.get("threads") is not None}
+    except (OSError, ValueError, AttributeError, TypeError, KeyError):
+        return {}  # none yet, or a damaged grid.json (rewritten by this run)
 
 
 def check_existing_runs(cells: Iterable[Cell], out_root: str | Path) -> None:
@@ -96,8 +168,13 @@ def check_existing_runs(cells: Iterable[Cell], out_root: str | Path) -> None:
     id, data by fingerprint, kernels, device and dtype as resolved."""
     from ablate.train import check_existing_run
 
+    try:  # one listing, not a path per cell: a grid of a million seeds is checked in seconds
+        present = set(os.listdir(out_root))
+    except (FileNotFoundError, NotADirectoryError):
+        return
     for cell in cells:
-        check_existing_run(cell, Path(out_root) / cell.id)  # a folder without config.json passes
+        if cell.id in present:
+            check_existing_run(cell, Path(out_root) / cell.id)  # a folder without config.json passes
 
 
 # ------------------------------------------------------------------------------ progress
@@ -237,6 +314,10 @@ def _call(cell_fn: CellFn | None, cell: Cell, out_root: str, retries: int) -> tu
         return ("refused", " ".join(str(e).split()))
     except KeyboardInterrupt as e:  # train's Interrupted: checkpointed, resumable
         return ("interrupted", str(e) or "interrupted")
+    except OSError as e:
+        if e.errno in ENVIRONMENT_ERRNOS:  # a full disk: the user's to fix, one line (see ablate.cli)
+            return ("refused", f"{e.strerror}: {e.filename}" if e.filename else f"{e.strerror}")
+        return ("error", f"{type(e).__name__}: {e}".splitlines()[0])
     except Exception as e:  # noqa: BLE001  (run_cell records run errors; this is anything else)
         return ("error", f"{type(e).__name__}: {e}".splitlines()[0])
 
@@ -337,12 +418,13 @@ def record_payload(progress: Progress, result: RunResult, slot: int | None, cell
 
 
 def order_for_dispatch(cells: list[Cell], out_root: str | Path) -> tuple[list[Cell], list[Cell]]:
-    """(finished, to_run): finished cells are not dispatched at all; cells another process
-    holds right now go last, so this process starts with work nobody else is doing."""
+    """(finished, to_run): finished cells (completed or diverged) are not dispatched at all; a
+    failed cell is tried again; cells another process holds right now go last, so this
+    process starts with work nobody else is doing."""
     finished, free, held = [], [], []
     for cell in cells:
         run_dir = Path(out_root) / cell.id
-        if (run_dir / SUMMARY).exists():
+        if finished_status(run_dir) in ("completed", "diverged"):
             finished.append(cell)
         elif CellLock(run_dir).is_held_elsewhere():
             held.append(cell)
@@ -383,24 +465,24 @@ def run_local(
     processes, or in this process when workers == 0. `gpus` (CUDA_VISIBLE_DEVICES ids) gives
     worker i the GPU i // cells_per_gpu (round robin); None or [] trains on the CPU.
     `cell_fn` replaces run_cell (tests); in worker processes it must be importable by name.
-    `on_change()` is called when a cell starts or ends, `on_change(idle=True)` while waiting
-    (the caller rewrites grid.json, throttled)."""
+    `on_change(cell_id=ID)` is called when a cell starts or ends, `on_change(idle=True)` while
+    waiting (the caller rewrites grid.json, throttled)."""
     out_root = str(out_root)
     progress = progress or Progress("grid", len(cells), max(workers, 1), quiet=True)
-    on_change = on_change or (lambda idle=False: None)
+    on_change = on_change or (lambda idle=False, cell_id=None: None)
     result = RunResult({}, [], [])
     if not cells:
         return result
 
     def record(slot, cell: Cell, payload: tuple, seconds: float | None) -> None:
         record_payload(progress, result, slot, cell, payload, seconds)
-        on_change()
+        on_change(cell_id=cell.id)
 
     if workers <= 0:  # in this process: no isolation, but debuggers and monkeypatching work
         try:
             for cell in cells:
                 progress.started(0, cell.id)
-                on_change()
+                on_change(cell_id=cell.id)
                 t0 = time.time()
                 record(0, cell, _call(cell_fn, cell, out_root, retries), time.time() - t0)
                 if result.interrupted:
@@ -506,7 +588,7 @@ def run_local(
             feed(slot)
         elif kind == "start":
             progress.started(slot, msg[1])
-            on_change()
+            on_change(cell_id=msg[1])
         elif kind == "result":
             cell, s.cell = s.cell, None
             if cell is None or cell.id != msg[1]:

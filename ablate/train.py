@@ -29,8 +29,7 @@ from ablate.kernels import get_backend
 from ablate.model import GPT, build_model
 from ablate.probes import Probes
 from ablate.provenance import git_commit, versions
-from ablate.rundir import (CHECKPOINT, CONFIG, METRICS, SUMMARY, create_temporary, finite_or_none, read_json,
-                           write_json_atomic)
+from ablate.rundir import CHECKPOINT, CONFIG, METRICS, SUMMARY, finite_or_none, read_json, replace_atomic, write_json_atomic
 from ablate.schedule import lr_at
 from ablate.sizes import ModelSize
 from ablate.variants import AXES, OPTIMIZERS
@@ -251,39 +250,24 @@ def _keep_metrics_before(path: Path, step: int) -> list[float]:
     if skipped:
         lines = ", ".join(map(str, skipped[:5])) + (" ..." if len(skipped) > 5 else "")
         print(f"ablate: {path}: skipped {len(skipped)} unreadable line(s) ({lines}) on resume", file=sys.stderr)
-    _replace_file(path, b"".join(line for line, _ in kept))
+    data = b"".join(line for line, _ in kept)
+    replace_atomic(path, lambda f: f.write(data))
     return [loss for _, loss in kept[-FINAL_LOSS_WINDOW:] if loss is not None]
-
-
-def _replace_file(path: Path, data: bytes) -> None:
-    """Write `data` to a fresh temporary (O_EXCL: never through a link someone planted) and
-    rename it over `path`: a reader sees the old file or the new one."""
-    fd, tmp = create_temporary(path)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _save_checkpoint(path: Path, model, opt, step: int, state: dict) -> None:
     """Tensors and plain values only, so that resuming loads it with weights_only=True: a
-    checkpoint on disk can never run code."""
-    fd, tmp = create_temporary(path)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                        "torch_rng": torch.get_rng_state(), **state}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    checkpoint on disk can never run code. Written beside and renamed over (never through a link)."""
+    ckpt = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
+            "torch_rng": torch.get_rng_state(), **state}
+    replace_atomic(path, lambda f: torch.save(ckpt, f))
+
+
+def _open_metrics(path: Path):
+    """metrics.jsonl for appending, one row per line flushed as written; O_NOFOLLOW: a link
+    planted in the run folder is refused, never written through."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    return jsonlines.Writer(os.fdopen(fd, "w"), flush=True)
 
 
 def _load_checkpoint(path: Path, device) -> dict:
@@ -388,7 +372,7 @@ def _train(cell, run_dir: Path, plan: RunPlan, old: dict | None, threads: int, q
     status, diverged_at, val_loss, step = "completed", None, None, start - 1
     bar = _progress(cfg, start, quiet)
     clock0 = time.perf_counter() - elapsed  # time_s is wall-clock training time, resumes included
-    with jsonlines.open(run_dir / METRICS, mode="a", flush=True) as log, _graceful_signals() as signals:
+    with _open_metrics(run_dir / METRICS) as log, _graceful_signals() as signals:
         for step in range(start, cfg.steps):
             t0 = time.perf_counter()
             lr = lr_at(step, cfg)

@@ -177,16 +177,19 @@ def basin_width(ctx, cells, params) -> float:
 GRAD_FLOOR = 1e-30  # gradient norms below this (0 included) count as this
 
 
-@measure("grad_reach", "log10 ratio", "log10 of grad_norm/embed over the top layer's grad_norm/layer_{i}: at "
+@measure("grad_reach", "log10 ratio", "log10 of the bottom's gradient norm over the top block's "
+         "(grad_norm/layer_{top}): the bottom is grad_norm/layer_0 (`from = \"layer_0\"`, default) or "
+         "grad_norm/embed (`from = \"embed\"`; with tied embeddings it includes the output head's gradient); at "
          "step 0 (phase init) or the median over the later logged steps (phase train)")
 def grad_reach(ctx, cell, params) -> float:
     steps = ctx.steps(cell["cell_id"])
     layers = layer_columns(steps, "grad_norm")
-    _need(layers if "grad_norm/embed" in steps else [], "grad_norm/embed and grad_norm/layer_{i}")
+    bottom = "grad_norm/embed" if params.get("from", "layer_0") == "embed" else (layers[0] if layers else None)
+    _need(layers if bottom in steps else [], "grad_norm/embed and grad_norm/layer_{i}")
     # A gradient that underflowed to 0 is the strongest evidence of loss, not a missing value.
-    embed = np.maximum(steps["grad_norm/embed"].to_numpy(dtype=float), GRAD_FLOOR)
+    low = np.maximum(steps[bottom].to_numpy(dtype=float), GRAD_FLOOR)
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.log10(embed / steps[layers[-1]].to_numpy(dtype=float))
+        ratio = np.log10(low / steps[layers[-1]].to_numpy(dtype=float))
     ok = np.isfinite(ratio)
     if params.get("phase", "init") == "init":
         at_zero = ok & (steps["step"].to_numpy() == 0)
@@ -210,7 +213,7 @@ def grad_spread(ctx, cell, params) -> float:
 def init_grad_slope(ctx, cell, params) -> float:
     steps = ctx.steps(cell["cell_id"])
     part = params.get("part", "mlp")
-    columns = layer_columns(steps, f"grad_norm") if part == "block" else sorted(
+    columns = layer_columns(steps, "grad_norm") if part == "block" else sorted(
         (c for c in steps.columns if str(c).startswith("grad_norm/layer_") and str(c).endswith(f"/{part}")),
         key=lambda c: int(str(c).split("/")[1].split("_")[1]))
     _need(columns, f"grad_norm/layer_{{i}}/{part}")

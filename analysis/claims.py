@@ -45,7 +45,7 @@ from ablate.analysis.claim_measures import MEASURES, Context, Measure, MeasureUn
 from ablate.analysis.load import Runs, load_runs
 from ablate.analysis.metrics import cell_metrics
 from ablate.analysis.stats import (DEFAULT_ALPHA, DEFAULT_POWER, MAX_SEEDS, Interval, adjust_p_values, bootstrap_ci,
-                                   format_p, paired_power, seeds_for_power)
+                                   format_p, seeds_for_power)
 
 AGREES, DISAGREES, CANNOT_TELL = "agrees", "does not agree", "cannot tell"
 EXPECTATIONS = ("higher", "lower", "equal")
@@ -98,10 +98,6 @@ class Claim:
     plot_params: dict = field(default_factory=dict)
     alpha: float = DEFAULT_ALPHA
     path: str | None = None
-
-    @property
-    def selectors(self) -> list[dict]:
-        return [c.selector(s) for c in (*self.compare, *self.report) for s in ("a", "b") if s == "a" or c.b]
 
 
 def load_claim(path: str | Path) -> Claim:

@@ -73,11 +73,11 @@ def interrupt_at(monkeypatch):
 
     real_lr_at = ablate.train.lr_at
 
-    def lr_at(step, **kwargs):
+    def lr_at(step, *args, **kwargs):
         threads_seen.append(torch.get_num_threads())
         if step == when["step"]:
             received.append(signal.SIGINT)
-        return real_lr_at(step, **kwargs)
+        return real_lr_at(step, *args, **kwargs)
 
     monkeypatch.setattr(ablate.train, "_graceful_signals", signals)
     monkeypatch.setattr(ablate.train, "lr_at", lr_at)

@@ -98,7 +98,7 @@ def dry_run(grid, out: Path) -> int:
         print("--set: " + ", ".join(f"{k}={v}" for k, v in grid.overrides.items()))
     print(f"  {'status':<10}{'model':<12}{'layers':>6}{'steps':>7}  cell")
     for cell in grid.cells:
-        cfg = grid.configs[cell.id]
+        cfg = grid.configs.setting(cell.id)
         status = cell_status(out, cell.id) if out.exists() else "pending"
         print(f"  {status:<10}{cfg.model:<12}{cfg.size.n_layer:>6}{cfg.steps:>7}  {cell.id}")
     if grid.duplicates:
@@ -119,7 +119,7 @@ def _preload_data(grid) -> None:
     from ablate.data import load_data
 
     seen = set()
-    for cfg in grid.configs.values():
+    for cfg in grid.configs.distinct():
         key = (cfg.data, cfg.size.tokenizer, cfg.size.vocab_size)
         if key not in seen:
             seen.add(key)
@@ -152,7 +152,7 @@ def check_local_devices(grid) -> None:
     from ablate.train import pick_device
 
     seen = set()
-    for cfg in grid.configs.values():
+    for cfg in grid.configs.distinct():
         key = (cfg.device, cfg.kernels)
         if key in seen:
             continue
@@ -224,47 +224,68 @@ def execute(grid, out: Path, args, cell_fn=None) -> int:
                                  partition=args.partition, time_min=args.time, gpus_per_job=gpus_per_job,
                                  cpus_per_cell=args.cpus_per_cell, name=f"ablate-{grid.name}",
                                  array_parallelism=args.array_parallelism)
-    out.mkdir(parents=True, exist_ok=True)
-    scheduler.write_grid_json(out, record)
-    t0 = time.time()
+    # A cell trains with the thread count the grid's first run gave it (recorded in grid.json),
+    # however many cells are left: the count changes a CPU run's bits.
+    recorded = scheduler.recorded_threads(out)
+
+    def pin_threads(cells, threads):
+        return [scheduler.with_threads(c, recorded.get(c.id, threads)) for c in cells]
 
     gpus: list[str] = []
     workers = 0
     if backend == "local":
-        wants_gpu = any(grid.configs[c.id].device != "cpu" for c in todo)
+        wants_gpu = any(grid.configs.setting(c.id).device != "cpu" for c in todo)
         gpus = scheduler.visible_gpus() if wants_gpu and todo else []
         workers = args.workers if args.workers is not None else (len(gpus) * args.cells_per_gpu if gpus else 1)
-        threads = max(1, scheduler.cpu_count() // max(min(workers, len(todo)), 1))
-        todo = [scheduler.with_threads(c, threads) for c in todo]
-        where = (f"{min(workers, len(todo))} worker{'s' if workers != 1 else ''}" if workers else "this process")
-        where += f" on GPUs {','.join(gpus)}" if gpus else f", {threads} thread{'s' if threads != 1 else ''} each"
+        todo = pin_threads(todo, max(1, scheduler.cpu_count() // max(min(workers, len(todo)), 1)))
+        n = min(workers, len(todo))
+        where = f"{n} worker{'s' if n != 1 else ''}" if workers else "this process"
+        per_cell = sorted({c.options.get("threads") or 1 for c in todo})
+        where += (f" on GPUs {','.join(gpus)}" if gpus else
+                  f", {per_cell[0]} thread{'s' if per_cell[0] != 1 else ''} each" if len(per_cell) == 1 else
+                  f", {'/'.join(map(str, per_cell))} threads as recorded per cell" if per_cell else "")
     elif backend == "ray":
         cpus = args.cpus_per_cell or 1.0
-        todo = [scheduler.with_threads(c, max(1, int(cpus))) for c in todo]
+        todo = pin_threads(todo, max(1, int(cpus)))
         where = f"Ray ({args.address or 'local'})"
     else:
-        if args.cpus_per_cell:
-            todo = [scheduler.with_threads(c, max(1, int(args.cpus_per_cell))) for c in todo]
+        if args.cpus_per_cell or recorded:
+            todo = pin_threads(todo, max(1, int(args.cpus_per_cell)) if args.cpus_per_cell else None)
         where = f"submitit {args.slurm_cluster}"
+    threads_of = {**recorded, **{c.id: c.options.get("threads") for c in todo}}
+    for entry in record["cells"]:
+        if threads_of.get(entry["id"]) is not None:
+            entry["threads"] = threads_of[entry["id"]]
+    out.mkdir(parents=True, exist_ok=True)
+    grid_json = scheduler.GridJson(out, record)
+    grid_json.write()
+    t0 = time.time()
 
     def note(text):
         print(text, flush=True)
 
-    plan = f"{len(todo)} to run on {where}" if todo else "nothing to run"
+    retried = sum(1 for c in todo if (out / c.id / "summary.json").exists())  # failed before: tried again
+    plan = (f"{len(todo)} to run on {where}" + (f" ({retried} failed before, tried again)" if retried else "")
+            if todo else "nothing to run")
     note(f"grid {grid.name}: {len(grid.cells)} cell{'s' if len(grid.cells) != 1 else ''}, {grid.total_steps:,} steps; "
          f"{len(finished)} already finished, "
          f"{plan} -> {out}")
     slots = min(workers, len(todo)) if backend == "local" else 0
     progress = scheduler.Progress(grid.name, len(todo), slots, quiet=args.quiet)
-    last_write, dirty = [0.0], [False]
+    last_write, dirty, changed = [0.0], [False], set()
 
-    def on_change(idle: bool = False):
-        """A cell started or ended (or, with idle, nothing happened): rewrite grid.json at most
-        twice a second; a change inside that window is written on the next idle call."""
-        dirty[0] = dirty[0] or not idle
+    def on_change(idle: bool = False, cell_id: str | None = None):
+        """A cell started or ended (cell_id: which one, when the backend knows), or with idle,
+        nothing happened: update grid.json at most twice a second, re-deriving the cells that
+        changed; a change inside that window is written on the next idle call."""
+        if not idle:
+            dirty[0] = True
+            changed.add(cell_id)  # None: some cell, unknown which: a full pass
         if dirty[0] and time.time() - last_write[0] > 0.5:
             last_write[0], dirty[0] = time.time(), False
-            scheduler.write_grid_json(out, record)
+            ids = None if None in changed else set(changed)
+            changed.clear()
+            grid_json.write(ids)
 
     result = None
     interrupted = False
@@ -275,6 +296,22 @@ def execute(grid, out: Path, args, cell_fn=None) -> int:
             result = scheduler.run_local(todo, out, workers=workers, retries=args.retries, progress=progress,
                                          on_change=on_change, cell_fn=cell_fn, gpus=gpus,
                                          cells_per_gpu=args.cells_per_gpu)
+            # A cell that was busy (another process held it) and is now free but unfinished (that
+            # process stopped) is trained here: this grid never ends with a cell nobody trains.
+            for _ in range(3):
+                again = [c for c in todo if result.outcomes.get(c.id) == "busy"
+                         and scheduler.cell_status(out, c.id) == "pending"]
+                if not again:
+                    break
+                print(f"grid {grid.name}: {len(again)} cell{'s' if len(again) != 1 else ''} another process "
+                      f"held and left unfinished: training {'them' if len(again) != 1 else 'it'} here", flush=True)
+                more = scheduler.run_local(again, out, workers=workers, retries=args.retries, on_change=on_change,
+                                           progress=scheduler.Progress(grid.name, len(again), min(workers, len(again)),
+                                                                       quiet=args.quiet),
+                                           cell_fn=cell_fn, gpus=gpus, cells_per_gpu=args.cells_per_gpu)
+                result.outcomes.update(more.outcomes)
+                result.refused += more.refused
+                result.errors += more.errors
         elif backend == "ray":
             from ablate.backends.ray_backend import run_ray
 
@@ -290,22 +327,30 @@ def execute(grid, out: Path, args, cell_fn=None) -> int:
         interrupted = True
         raise
     finally:
-        state = scheduler.write_grid_json(out, record)
+        grid_json.write()
+        state = grid_json.state()
         if interrupted:
             print(_summary_line(grid, out, state, time.time() - t0, "interrupted; rerun to resume"), flush=True)
     if backend == "slurm" and args.no_wait:
-        note(f"not waiting: rerun `ablate grid {args.grid} --out {out}` later to follow up (finished cells are skipped)")
+        note(f"not waiting: rerun this command without --no-wait later to wait for the jobs and collect the "
+             f"results (it submits only cells that no queued job holds; `squeue --me` shows them)")
         return 0
     counts = state["counts"]
-    busy = [cid for cid, o in result.outcomes.items() if o == "busy"]
     extra = []
-    if busy or counts.get("running"):
-        extra.append(f"{max(len(busy), counts.get('running', 0))} cells are running in another process; rerun later to check them")
+    running = counts.get("running", 0)  # as it is now, not as it was when a cell was found busy
+    if running:
+        extra.append(f"{running} cell{'s are' if running != 1 else ' is'} running in another process; "
+                     "rerun later to check them")
+    # Pending now: no summary and nobody holds it. Never reported as success.
+    unfinished = [c["id"] for c in state["cells"] if c["status"] == "pending"]
+    if unfinished:
+        extra.append(f"{len(unfinished)} cell{'s' if len(unfinished) != 1 else ''} left unfinished "
+                     f"(e.g. {unfinished[0]}); rerun to train {'them' if len(unfinished) != 1 else 'it'}")
     print(_summary_line(grid, out, state, time.time() - t0, "; ".join(extra)), flush=True)
     if result.refused:
         print(f"ablate grid: error: {result.refused[0]}", file=sys.stderr)
         return 2
-    if counts.get("failed") or result.errors:
+    if counts.get("failed") or result.errors or unfinished:
         return 1
     return 0
 

@@ -1,87 +1,209 @@
-"""`ablate reproduce prenorm-wins`: the shipped grid, the report, and a verdict on top."""
+"""`ablate reproduce NAME|all|--list`: a claim's shipped grid, its report, and its verdict.
+
+A claim is one declaration in variants/claims/NAME.toml (what is compared, on which measure,
+in which direction, at which settings, the source's own figures) over one shipped grid; one
+verdict engine (ablate/analysis/claims.py) evaluates every claim. `--quick` (the default) runs
+the grid's CPU scale, `--full` its [scales.gpu]. Output: runs/claims/NAME[-full]/ (report.md
+with the verdict on top, plots/claim_NAME.png, verdict.json); `all` adds runs/claims/index.md.
+"""
 from __future__ import annotations
 
+import os
+import time
+from importlib import resources
 from pathlib import Path
 
 from ablate.errors import ConfigError
 
-EXPERIMENTS = {"prenorm-wins": "prenorm-wins"}  # experiment -> shipped grid
+ALL = "all"
+DEFAULT_ROOT = Path("runs") / "claims"
 # For the --full estimate: a bf16 GPU of the H100 class at a utilisation these small models
 # reach at best. Stated with the estimate, which is a lower bound on the time.
 ASSUMED_PEAK_FLOPS, ASSUMED_MFU = 990e12, 0.30
+# The --quick cost model of one cell on one CPU thread, fitted to two timings on this project's
+# 2-core machine (tiny width 64, context 64, batch 16, 300 steps: 4 blocks 9.3 s, README's
+# `ablate train` example; 12 blocks about 15 s, issue 15): seconds = steps / 300 x batch / 16 x
+# (CELL_SECONDS + BLOCK_SECONDS x blocks x MLP factor), the MLP factor being the block's
+# weights relative to a 4x MLP's, (4 + 2 x mlp_ratio) / 12. --quick runs QUICK_WORKERS cells at once.
+CELL_SECONDS, BLOCK_SECONDS = 6.45, 0.71
+QUICK_WORKERS = 2
 
 
 def add_arguments(p) -> None:
-    p.add_argument("experiment", metavar="EXPERIMENT", help=f"one of: {', '.join(EXPERIMENTS)}")
+    p.add_argument("claim", nargs="?", metavar="NAME", help="a claim (see --list), or `all`")
+    p.add_argument("--list", action="store_true", help="list the claims: source, grid, cells, estimated time")
     size = p.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="CPU-sized: 2 cores, under 15 minutes (default)")
-    size.add_argument("--full", action="store_true", help="GPU-sized: wider, longer, 5 seeds, depths 6/12/24")
-    p.add_argument("--out", type=Path, help="output folder (default runs/prenorm-wins[-full])")
-    p.add_argument("--workers", type=int, default=None, help="cells at once (default: 2 on CPU, one per GPU)")
+    size.add_argument("--quick", action="store_true", help="CPU-sized: 2 cores, under 15 minutes a claim (default)")
+    size.add_argument("--full", action="store_true", help="GPU-sized: the grid's [scales.gpu]")
+    p.add_argument("--out", type=Path, help="output folder (default runs/claims/NAME[-full]; for `all`, the root)")
+    p.add_argument("--workers", type=int, default=None, help="cells at once (default: 2 on CPU, 1 with --full); 0 = in this process")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override an option in every cell")
     p.add_argument("--quiet", action="store_true")
 
 
-def estimate_gpu_hours(grid) -> float:
+# ------------------------------------------------------------------------------- claims
+
+
+def claims_dir() -> Path:
+    return Path(str(resources.files("ablate.variants") / "claims"))
+
+
+def shipped_claims() -> dict:
+    """Claim name -> Claim, for every variants/claims/*.toml, sorted by name."""
+    from ablate.analysis.claims import ClaimError, load_claim
+
+    out = {}
+    for path in sorted(claims_dir().glob("*.toml")):
+        try:
+            claim = load_claim(path)
+        except ClaimError as e:
+            raise ConfigError(str(e)) from None
+        if claim.name != path.stem:
+            raise ConfigError(f"{path}: name {claim.name!r} differs from the file name {path.stem!r}")
+        out[claim.name] = claim
+    return out
+
+
+def find_claim(name: str):
+    claims = shipped_claims()
+    if name not in claims:
+        raise ConfigError(f"unknown claim {name!r}; valid: {', '.join([*claims, ALL])}")
+    return claims[name]
+
+
+# ----------------------------------------------------------------------------- estimates
+
+
+def _flops(cfg) -> float:
     from ablate.model import build_model
 
-    flops = 0.0
+    params = sum(p.numel() for p in build_model(cfg.spec, cfg.size, device="meta").parameters())
+    return 6.0 * params * cfg.steps * cfg.batch_size * cfg.context
+
+
+def grid_flops(grid) -> float:
+    cache: dict[int, float] = {}
+    total = 0.0
     for cell in grid.cells:
-        cfg = grid.configs[cell.id]
-        params = sum(p.numel() for p in build_model(cfg.spec, cfg.size, device="meta").parameters())
-        flops += 6 * params * cfg.steps * cfg.batch_size * cfg.context
-    return flops / (ASSUMED_PEAK_FLOPS * ASSUMED_MFU) / 3600
+        cfg = grid.configs.setting(cell.id)
+        if id(cfg) not in cache:
+            cache[id(cfg)] = _flops(cfg)
+        total += cache[id(cfg)]
+    return total
+
+
+def cell_seconds(cfg) -> float:
+    """One cell's estimated seconds on one CPU thread at tiny width (the cost model above)."""
+    blocks = cfg.size.n_layer * (4 + 2 * float(cfg.mlp_ratio)) / 12
+    return cfg.steps / 300 * cfg.batch_size / 16 * (CELL_SECONDS + BLOCK_SECONDS * blocks)
+
+
+def quick_seconds(grid, workers: int = QUICK_WORKERS) -> float:
+    """Estimated wall time on the CPU: an upper bound where cells diverge early."""
+    return sum(cell_seconds(grid.configs.setting(c.id)) for c in grid.cells) / max(1, workers)
+
+
+def estimate_gpu_hours(grid) -> float:
+    return grid_flops(grid) / (ASSUMED_PEAK_FLOPS * ASSUMED_MFU) / 3600
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min"
+
+
+def list_claims() -> int:
+    from ablate.grids import load_grid
+
+    claims = shipped_claims()
+    print("claims (ablate reproduce NAME [--quick|--full]; `all` runs every one):")
+    print(f"  {'name':<18}{'grid':<26}{'cells':>6}{'quick (CPU)':>13}{'gpu cells':>10}{'full (GPU)':>12}  source")
+    total = 0.0
+    for name, claim in claims.items():
+        cpu = load_grid(claim.grid)
+        gpu = load_grid(claim.grid, "gpu") if "gpu" in cpu.scales else None
+        seconds = quick_seconds(cpu)
+        total += seconds
+        full = f"{estimate_gpu_hours(gpu):.2f} h" if gpu else "-"
+        print(f"  {name:<18}{claim.grid:<26}{len(cpu.cells):>6}{_minutes(seconds):>13}"
+              f"{(len(gpu.cells) if gpu else '-'):>10}{full:>12}  {claim.source}")
+    print(f"all --quick: about {_minutes(total)} on {QUICK_WORKERS} CPU cores (cost model per cell of 300 steps at "
+          f"batch 16: {CELL_SECONDS:g} s + {BLOCK_SECONDS:g} s per block on one thread; diverged cells stop early, "
+          "so less). --full: GPU-hours at least, at "
+          f"{ASSUMED_MFU:.0%} of a {ASSUMED_PEAK_FLOPS / 1e12:.0f} TFLOP/s bf16 GPU.")
+    return 0
+
+
+# ------------------------------------------------------------------------------ running
 
 
 def run(args) -> int:
-    import os
+    if args.list:
+        return list_claims()
+    if not args.claim:
+        raise ConfigError(f"missing NAME; valid: {', '.join([*shipped_claims(), ALL, '--list'])}")
+    if args.workers is not None and args.workers < 0:
+        raise ConfigError(f"--workers {args.workers} must be 0 (in this process) or more")
+    from ablate.grids import parse_overrides
 
-    from ablate.cli import main as cli_main
-    from ablate.commands.grid import check_out
-    from ablate.grids import load_grid, parse_overrides
-
-    if args.experiment not in EXPERIMENTS:
-        raise ConfigError(f"unknown experiment {args.experiment!r}; valid: {', '.join(EXPERIMENTS)}")
-    if args.workers is not None and args.workers < 1:
-        raise ConfigError(f"--workers {args.workers} must be at least 1")
+    overrides = parse_overrides(args.set)
     scale = "gpu" if args.full else "cpu"
-    name = EXPERIMENTS[args.experiment]
-    grid = load_grid(name, scale, parse_overrides(args.set))  # validates before anything runs
-    out = args.out or Path("runs") / (name if scale == "cpu" else f"{name}-full")
-    check_out(grid, out)  # before the plan is printed
-    workers = args.workers or (1 if scale == "gpu" else min(2, os.cpu_count() or 1))
-    total = grid.total_steps
-    print(f"{args.experiment}: {len(grid.cells)} cells, {total:,} steps in total, {workers} worker(s) -> {out}")
-    if scale == "gpu":
-        hours = estimate_gpu_hours(grid)
-        print(f"estimated GPU time: {hours:.1f} GPU-hours at least ({ASSUMED_MFU:.0%} of a {ASSUMED_PEAK_FLOPS / 1e12:.0f} "
-              "TFLOP/s bf16 GPU; small models reach less, so expect more)")
-    argv = ["grid", name, "--scale", scale, "--out", str(out), "--workers", str(workers)]
-    for item in args.set:
-        argv += ["--set", item]
-    if args.quiet:
-        argv.append("--quiet")
-    status = cli_main(argv)
-    if status == 2:
-        return status
-    report = write(out)
-    print(f"report: {report}")
+    if args.claim == ALL:
+        return run_all(args, overrides, scale)
+    claim = find_claim(args.claim)
+    out = args.out or DEFAULT_ROOT / (claim.name if scale == "cpu" else f"{claim.name}-full")
+    status, _ = reproduce(claim, out, scale, overrides, args)
     return status
 
 
-def write(out: Path) -> Path:
-    """report.md with the verdict section on top, plus the experiment's own plots."""
-    from ablate.analysis.analyse import analyse
-    from ablate.analysis.prenorm import setting_verdicts
-    from ablate.analysis.prenorm_report import verdict_section, write_prenorm_plots
-    from ablate.analysis.report import write_report
+def _plan(claim, out: Path, scale: str, overrides: dict):
+    """The loaded grid, refused before anything is written if it or --out is bad."""
+    from ablate.commands.grid import check_out
+    from ablate.grids import load_grid
 
-    analysis = analyse(out)
-    verdicts = setting_verdicts(analysis.metrics)  # once, for the section and the plots
-    section = verdict_section(analysis, verdicts=verdicts)
-    write_prenorm_plots(analysis, out / "plots", verdicts)
-    path = write_report(out, preamble_sections=[section], analysis=analysis)
-    for line in section.splitlines():
-        if line.startswith("- At "):
-            print(line[2:].replace("**", ""))
-    return path
+    grid = load_grid(claim.grid, scale, overrides)
+    check_out(grid, out)
+    return grid
+
+
+def reproduce(claim, out: Path, scale: str, overrides: dict, args, grid=None):
+    """Run the claim's grid in this process's scheduler, then write its report and verdict.
+    Returns (exit status, Verdict or None)."""
+    from ablate.analysis.claim_report import write_claim_report
+    from ablate.commands.grid import run_grid
+
+    grid = grid or _plan(claim, out, scale, overrides)
+    workers = args.workers if args.workers is not None else (1 if scale == "gpu" else
+                                                             min(QUICK_WORKERS, os.cpu_count() or 1))
+    print(f"{claim.name}: grid {grid.name}, {len(grid.cells)} cells, {grid.total_steps:,} steps, {workers} "
+          f"worker(s) -> {out}", flush=True)
+    if scale == "gpu":
+        print(f"estimated GPU time: {estimate_gpu_hours(grid):.2f} GPU-hours at least ({ASSUMED_MFU:.0%} of a "
+              f"{ASSUMED_PEAK_FLOPS / 1e12:.0f} TFLOP/s bf16 GPU; small models reach less, so expect more)", flush=True)
+    else:
+        print(f"estimated time: about {_minutes(quick_seconds(grid, max(1, workers)))} on {max(1, workers)} CPU "
+              "core(s)", flush=True)
+    t0 = time.time()
+    status = run_grid(grid, out, workers=workers, quiet=args.quiet)
+    if status == 2:
+        return status, None
+    report, verdict = write_claim_report(claim, out)
+    print(f"{claim.name}: {verdict.text()} ({time.time() - t0:.0f} s); report: {report}", flush=True)
+    return status, verdict
+
+
+def run_all(args, overrides: dict, scale: str) -> int:
+    from ablate.analysis.claim_report import write_index
+
+    claims = shipped_claims()
+    root = args.out or DEFAULT_ROOT
+    suffix = "" if scale == "cpu" else "-full"
+    planned = [(claim, root / f"{claim.name}{suffix}") for claim in claims.values()]
+    grids = [_plan(claim, out, scale, overrides) for claim, out in planned]  # every one checked first
+    worst, entries = 0, []
+    for (claim, out), grid in zip(planned, grids):
+        status, verdict = reproduce(claim, out, scale, overrides, args, grid)
+        worst = max(worst, status)
+        entries.append((claim, out, verdict))
+    index = write_index(entries, root / f"index{suffix}.md")
+    print(f"index: {index}")
+    return worst
