@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterable
 from ablate.cell import ENVIRONMENT_ERRNOS, Cell, CellOutcome, finished_status, run_cell
 from ablate.errors import ConfigError
 from ablate.rundir import SUMMARY, CellLock, read_json, replace_atomic, write_json_atomic
+from ablate.timefmt import fmt_time
 
 GRID_JSON, GRID_LOCK = "grid.json", ".grid.lock"
 FINISHED = ("completed", "diverged", "failed")
@@ -180,15 +181,6 @@ def check_existing_runs(cells: Iterable[Cell], out_root: str | Path) -> None:
 # ------------------------------------------------------------------------------ progress
 
 
-def _fmt_time(seconds: float) -> str:
-    seconds = int(round(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-
-
 def describe_result(outcome: str, summary: dict | None) -> tuple[str, str]:
     """(status, detail) for a line about a finished cell."""
     if outcome == "busy":
@@ -270,7 +262,7 @@ class Progress:
         status, detail = describe_result(outcome, summary)
         self.counts[status] += 1
         self.done += 1
-        took = f"  ({_fmt_time(seconds)})" if seconds is not None and outcome == "trained" else ""
+        took = f"  ({fmt_time(seconds)})" if seconds is not None and outcome == "trained" else ""
         self.write(f"[{self.done}/{self.to_run}] {status:<9} {cell_id}  {detail}{took}")
         if self.bar is not None:
             self.bar.update(1)

@@ -390,10 +390,10 @@ def run_grid(grid, out: Path | None = None, *, scale: str = "cpu", overrides: di
 
 
 def _summary_line(grid, out: Path, state: dict, seconds: float, extra: str = "") -> str:
-    from ablate.scheduler import _fmt_time
+    from ablate.timefmt import fmt_time
 
     counts = state["counts"]
     order = ("completed", "diverged", "failed", "running", "pending")
     parts = [f"{counts[k]} {'running elsewhere' if k == 'running' else k}" for k in order if counts.get(k)]
-    line = f"grid {grid.name}: {len(grid.cells)} cell{'s' if len(grid.cells) != 1 else ''}: {', '.join(parts)} ({_fmt_time(seconds)}) -> {out / 'grid.json'}"
+    line = f"grid {grid.name}: {len(grid.cells)} cell{'s' if len(grid.cells) != 1 else ''}: {', '.join(parts)} ({fmt_time(seconds)}) -> {out / 'grid.json'}"
     return line + (f"; {extra}" if extra else "")

@@ -20,6 +20,7 @@ import jsonlines
 
 from ablate.errors import ConfigError
 from ablate.rundir import CellLock
+from ablate.timefmt import fmt_time
 
 TAIL_BYTES = 16384  # enough for a few metrics rows of a deep model's per-layer keys
 MAX_TAIL_BYTES = 1 << 20
@@ -133,15 +134,6 @@ def grid_states(root: Path) -> tuple[dict | None, list[CellState]]:
     return grid, [cell_state(root / cid, cid, planned.get(cid)) for cid in ids]
 
 
-def _fmt_time(seconds: float) -> str:
-    seconds = int(round(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-
-
 def render(root: Path, grid: dict | None, cells: list[CellState]) -> str:
     count = {s: sum(c.status == s for c in cells) for s in ("completed", "diverged", "failed", "running",
                                                             "interrupted", "pending")}
@@ -158,7 +150,7 @@ def render(root: Path, grid: dict | None, cells: list[CellState]) -> str:
             step = "—" if c.step is None else f"{c.step + 1}/{c.planned_steps or '?'}"
             loss = "—" if c.loss is None else f"{c.loss:.4f}"
             speed = "—" if c.steps_per_s is None else f"{c.steps_per_s:.2f}"
-            left = (_fmt_time(c.steps_left / c.steps_per_s) if c.steps_per_s and c.steps_left is not None else "—")
+            left = (fmt_time(c.steps_left / c.steps_per_s) if c.steps_per_s and c.steps_left is not None else "—")
             lines.append(f"  {c.cell_id:<{width}}  {step:>13}  {loss:>8}  {speed:>8}  {left:>8}")
     lines.append(time_left(cells))
     return "\n".join(lines)
@@ -178,7 +170,7 @@ def time_left(cells: list[CellState]) -> str:
         return "time left: unknown (no running cell has logged a rate yet)"
     if any(n is None for n in left):
         return "time left: unknown (some cells' planned steps are not recorded)"
-    return f"time left: about {_fmt_time(sum(left) / sum(rates))} ({sum(left):,} steps at {sum(rates):.2f} steps/s)"
+    return f"time left: about {fmt_time(sum(left) / sum(rates))} ({sum(left):,} steps at {sum(rates):.2f} steps/s)"
 
 
 def run(args) -> int:
