@@ -78,11 +78,12 @@ def list_grids() -> int:
         rows.append((name, len(cpu.cells), cpu.total_steps, len(gpu.cells) if gpu else None,
                      gpu.total_steps if gpu else None, cpu.description))
     print("shipped grids (ablate grid NAME; --scale gpu for the GPU-sized version):")
-    print(f"  {'name':<14}{'cells':>6}{'steps':>9}{'gpu cells':>11}{'gpu steps':>11}  description")
+    width = max(len(r[0]) for r in rows) + 2
+    print(f"  {'name':<{width}}{'cells':>6}{'steps':>9}{'gpu cells':>11}{'gpu steps':>11}  description")
     for name, cells, steps, gcells, gsteps, desc in rows:
         g1 = f"{gcells:>11}" if gcells is not None else f"{'-':>11}"
         g2 = f"{gsteps:>11,}" if gsteps is not None else f"{'-':>11}"
-        print(f"  {name:<14}{cells:>6}{steps:>9,}{g1}{g2}  {desc}")
+        print(f"  {name:<{width}}{cells:>6}{steps:>9,}{g1}{g2}  {desc}")
     return 0
 
 
