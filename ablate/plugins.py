@@ -79,11 +79,9 @@ def load(names, base: str | Path | None = None) -> list[str]:
         if name not in _LOADED:
             try:
                 module = _import_file(name) if _is_file(name) else importlib.import_module(name)
-            except ConfigError:
+            except (ConfigError, KeyboardInterrupt):
                 raise
-            except BaseException as e:  # noqa: BLE001  (whatever the plugin raised is the user's to fix)
-                if isinstance(e, KeyboardInterrupt):
-                    raise
+            except BaseException as e:  # noqa: BLE001  (whatever the plugin raised, SystemExit too, is the user's to fix)
                 message = " ".join(f"{type(e).__name__}: {e}".split())[:300]
                 raise ConfigError(f"plugin {given!r} failed to import ({message}); valid: a file or module that "
                                   "imports cleanly") from None

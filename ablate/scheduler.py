@@ -162,6 +162,16 @@ def recorded_threads(out_root: str | Path) -> dict[str, int]:
         return {}  # none yet, or a damaged grid.json (rewritten by this run)
 
 
+def refresh_grid_json(out_root: str | Path, record: dict[str, Any] | None) -> None:
+    """What a remote task (Ray, SLURM) does after its cell: rewrite grid.json if it can. The
+    driver rewrites it too, so a task's result never depends on this write succeeding."""
+    if record is not None:
+        try:
+            write_grid_json(out_root, record)
+        except OSError:
+            pass
+
+
 def check_existing_runs(cells: Iterable[Cell], out_root: str | Path) -> None:
     """Refuse up front (nothing written) when a cell's folder already holds a run of a
     different config, e.g. a rerun with `--set steps=5` into a folder of 300-step runs. The

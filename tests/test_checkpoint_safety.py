@@ -8,6 +8,7 @@ import torch
 import ablate.train as T
 from ablate.cell import Cell
 from ablate.errors import ConfigError
+from interrupting import interrupted_at
 
 OPTIONS = {"layers": 2, "steps": 6, "checkpoint_every": 3, "probes": False, "eval_batches": 1,
            "final_eval_batches": 1}
@@ -21,28 +22,10 @@ class Payload:
 
 
 def _interrupted_run(tmp_path, monkeypatch, stop_at=2):
-    import contextlib
-
-    received: list = []
-
-    @contextlib.contextmanager
-    def fake_signals():
-        yield received
-
-    real = T.lr_at
-
-    def lr_at(step, cfg):
-        if step == stop_at:
-            received.append(2)
-        return real(step, cfg)
-
     cell = Cell.from_options(OPTIONS)
     run_dir = tmp_path / cell.id
-    with monkeypatch.context() as m:
-        m.setattr(T, "_graceful_signals", fake_signals)
-        m.setattr(T, "lr_at", lr_at)
-        with pytest.raises(T.Interrupted):
-            T.train(cell, run_dir)
+    with interrupted_at(monkeypatch, stop_at), pytest.raises(T.Interrupted):
+        T.train(cell, run_dir)
     return cell, run_dir
 
 

@@ -12,13 +12,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ablate.config import (EXECUTION_KEYS, IDENTITY_KEYS, OPTIONS, TRAIN_ID_OPTIONS, cell_id, coerce_option,
-                           resolve)
+from ablate.config import EXECUTION_KEYS, IDENTITY_KEYS, OPTIONS, TRAIN_ID_OPTIONS, cell_id, resolve
 from ablate.errors import ConfigError
 from ablate.model import build_model
 from ablate.schedule import lr_at
 from ablate.sizes import get_size
-from ablate.variants import INITS, OPTIMIZERS, make_variant
+from ablate.variants import OPTIMIZERS, make_variant
 from ablate.variants.optimizers import is_hidden_matrix
 
 REPO = Path(__file__).resolve().parents[1]
@@ -299,9 +298,8 @@ def test_changing_an_identity_option_changes_the_cell_id_or_is_refused_on_the_ru
 def test_a_run_directory_from_before_the_schema_still_resumes_and_reports(tmp_path, monkeypatch):
     """An old config.json (no identity_keys, plugins, model.init, and none of the new options in
     `train`) of an interrupted run: the same command resumes it to the uninterrupted metrics."""
-    import contextlib
-
     import ablate.train as T
+    from interrupting import interrupted_at
     from ablate.analysis.load import load_runs
     from ablate.cell import Cell
 
@@ -309,24 +307,8 @@ def test_a_run_directory_from_before_the_schema_still_resumes_and_reports(tmp_pa
     T.train(Cell.from_options(options), tmp_path / "reference")
     cell = Cell.from_options(options)
     run_dir = tmp_path / "grid" / cell.id
-    received: list = []
-
-    @contextlib.contextmanager
-    def fake_signals():
-        yield received
-
-    real_lr_at = T.lr_at
-
-    def lr_at(step, cfg):
-        if step == 2:
-            received.append(2)  # "SIGINT" during step 2: checkpoint after it and stop
-        return real_lr_at(step, cfg)
-
-    monkeypatch.setattr(T, "_graceful_signals", fake_signals)
-    monkeypatch.setattr(T, "lr_at", lr_at)
-    with pytest.raises(T.Interrupted):
+    with interrupted_at(monkeypatch, 2), pytest.raises(T.Interrupted):  # checkpoints after step 2
         T.train(cell, run_dir)
-    monkeypatch.undo()
     config = json.loads((run_dir / "config.json").read_text())
     for key in ("init", "optimizer", "z_loss", "mlp_ratio", "qk_norm", "momentum", "nesterov", "decay_fraction",
                 "final_eval_batches", "probe_every"):

@@ -13,7 +13,7 @@ from typing import Any
 from ablate.cell import Cell
 from ablate.errors import ConfigError
 from ablate.rundir import SUMMARY, CellLock, read_json
-from ablate.scheduler import Progress, RunResult, _call, _fail_summary, record_payload, write_grid_json
+from ablate.scheduler import Progress, RunResult, _call, _fail_summary, record_payload, refresh_grid_json
 
 INSTALL_HINT = "the ray backend needs Ray, which is not installed; valid: pip install -e .[ray], or --backend local|slurm"
 
@@ -29,11 +29,7 @@ def import_ray():
 def ray_cell_task(cell: Cell, out_root: str, retries: int, record: dict[str, Any] | None) -> tuple:
     """What one Ray task runs (module level, so workers import it by name)."""
     payload = _call(None, cell, out_root, retries)
-    if record is not None:
-        try:
-            write_grid_json(out_root, record)
-        except OSError:
-            pass  # the driver rewrites it too; a task's result never depends on grid.json
+    refresh_grid_json(out_root, record)
     return payload
 
 

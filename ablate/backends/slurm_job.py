@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from ablate.cell import Cell
+from ablate.backends.slurm_tools import parse_seconds
 from ablate.rundir import SUMMARY
-from ablate.scheduler import _call, cpu_count, with_threads, write_grid_json
+from ablate.scheduler import _call, cpu_count, refresh_grid_json, with_threads
 
 
 def slurm_job_id() -> str | None:
@@ -106,23 +107,6 @@ def time_left_s(job_id: str) -> float | None:
     return parse_seconds(lines[0]) if proc.returncode == 0 and lines else None
 
 
-def parse_seconds(text: str) -> float | None:
-    """A SLURM duration ('0:39', '12:00', '2:00:00', '1-00:00:00') in seconds; None otherwise."""
-    days = 0
-    if "-" in text:
-        d, text = text.split("-", 1)
-        if not d.isdigit():
-            return None
-        days = int(d)
-    parts = text.split(":")
-    if not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3:
-        return None
-    seconds = 0
-    for p in parts:
-        seconds = seconds * 60 + int(p)
-    return float(days * 86400 + seconds)
-
-
 def requeue(job_id: str) -> str | None:
     """Put this task back in the queue; None on success, else scontrol's complaint."""
     try:
@@ -167,9 +151,5 @@ class SlurmCellJob:
         elif payload[0] == "interrupted":
             payload = ("error", f"job {job_id or '?'} was stopped ({payload[1].split(';')[0]}); "
                                 "rerun the grid to resume")
-        if record is not None:
-            try:
-                write_grid_json(out_root, record)
-            except OSError:
-                pass  # the driver rewrites it too; a task's result never depends on grid.json
+        refresh_grid_json(out_root, record)
         return payload

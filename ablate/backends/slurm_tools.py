@@ -8,6 +8,7 @@ finished job for MinJobAge seconds; a job it no longer lists has ended.
 from __future__ import annotations
 
 import getpass
+import math
 import re
 import subprocess
 
@@ -53,10 +54,8 @@ def check_request(sbatch_flags: dict[str, str], shown: str) -> None:
                           f"valid: --time 1 to {limit}, or another --partition")
 
 
-def parse_minutes(text: str) -> int | None:
-    """A SLURM time limit ('30:00', '2:00:00', '1-12:00:00', '45', 'infinite') in whole minutes;
-    None when unlimited or unreadable."""
-    text = text.strip()
+def parse_seconds(text: str) -> float | None:
+    """A SLURM duration ('0:39', '12:00', '2:00:00', '1-00:00:00') in seconds; None otherwise."""
     days = 0
     if "-" in text:
         d, text = text.split("-", 1)
@@ -66,14 +65,21 @@ def parse_minutes(text: str) -> int | None:
     parts = text.split(":")
     if not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3:
         return None
-    nums = [int(p) for p in parts]
-    if len(nums) == 1:
-        h, m, s = 0, nums[0], 0  # a bare number is minutes
-    elif len(nums) == 2:
-        h, (m, s) = 0, nums
-    else:
-        h, m, s = nums
-    return days * 1440 + h * 60 + m + (1 if s else 0)
+    seconds = 0
+    for p in parts:
+        seconds = seconds * 60 + int(p)
+    return float(days * 86400 + seconds)
+
+
+def parse_minutes(text: str) -> int | None:
+    """A SLURM time limit ('30:00', '2:00:00', '1-12:00:00', '45', 'infinite') in whole minutes,
+    rounded up; None when unlimited or unreadable. Unlike squeue's durations, a bare number here
+    is minutes."""
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    seconds = parse_seconds(text)
+    return None if seconds is None else math.ceil(seconds / 60)
 
 
 def partition_max_minutes(partition: str | None) -> tuple[str | None, int | None]:
