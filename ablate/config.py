@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
 from typing import Any, Callable, Mapping
 
@@ -30,6 +30,7 @@ from ablate.kernels import CHOICES as KERNEL_CHOICES
 from ablate.sizes import SIZES, ModelSize, get_size
 from ablate.variants import (ACTIVATIONS, AXES, INITS, MLPS, NORMS, OPTIMIZERS, PLACEMENTS, SCHEDULES, VariantError,
                              VariantSpec, make_variant)
+from ablate.variants.inits import default_init
 from ablate.variants.spec import QK_NONE, parse_variant_given
 
 EXPERIMENT, OBSERVATION, EXECUTION = "experiment", "observation", "execution"
@@ -175,7 +176,7 @@ class TrainConfig:
     @property
     def init_name(self) -> str:
         """The init the model is built with (the placement's own unless one is named)."""
-        return self.init or PLACEMENTS.get(self.spec.norm).default_init
+        return self.init or default_init(self.spec)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -317,9 +318,8 @@ def is_default(cfg: TrainConfig, key: str) -> bool:
     if key == "layers":
         return value is None or value == get_size(cfg.model).n_layer
     if key == "init":
-        return value is None or value == PLACEMENTS.get(cfg.spec.norm).default_init
-    default = OPTIONS[key].default
-    return value == (None if default is MISSING else default)
+        return value is None or value == default_init(cfg.spec)
+    return value == OPTIONS[key].default
 
 
 def group_id(cfg: TrainConfig, id_keys: tuple[str, ...] | list[str] = (), keep_defaults: bool = False) -> str:

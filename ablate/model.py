@@ -15,6 +15,7 @@ from torch import nn
 from ablate.kernels import get_backend
 from ablate.sizes import ModelSize
 from ablate.variants import INITS, MLPS, NORMS, PLACEMENTS, VariantSpec
+from ablate.variants.inits import default_init
 from ablate.variants.spec import QK_NONE
 
 
@@ -99,12 +100,6 @@ class GPT(nn.Module):
     @torch.no_grad()
     def reset_parameters(self) -> None:
         INITS.get(self.init)(self)
-
-
-def default_init(spec: VariantSpec) -> str:
-    """The init a block gets when none is named: its placement's own (DeepNorm's is DeepNet's,
-    which its residual scaling is derived for), else GPT-2's."""
-    return PLACEMENTS.get(spec.norm).default_init
 
 
 def build_model(spec: VariantSpec, size: ModelSize, ops=None, device: str | torch.device = "cpu",

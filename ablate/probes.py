@@ -149,7 +149,7 @@ class Stability:
         self.autocast = autocast
         n = len(model.blocks)
         self.attn_in: list[torch.Tensor | None] = [None] * n
-        self.block_in: list[torch.Tensor | None] = [None] * n
+        self.stream_in: list[torch.Tensor | None] = [None]  # the first block's input (the embeddings)
         self.block_out: list[torch.Tensor | None] = [None] * n
         self.names = ([f"attn_logit_max/layer_{i}" for i in range(n)] + [f"attn_entropy/layer_{i}" for i in range(n)]
                       + [f"cos_sim/layer_{i}" for i in range(n)] + [f"block_change/layer_{i}" for i in range(n)]
@@ -168,7 +168,8 @@ class Stability:
         handles = []
         for i, block in enumerate(self.model.blocks):
             handles.append(block.attn.register_forward_pre_hook(keep(self.attn_in, i)))
-            handles.append(block.register_forward_pre_hook(keep(self.block_in, i)))
+            if i == 0:  # every later block's input is the block before's output, kept already
+                handles.append(block.register_forward_pre_hook(keep(self.stream_in, 0)))
             handles.append(block.register_forward_hook(keep(self.block_out, i)))
         return handles
 
@@ -208,7 +209,8 @@ class Stability:
         logits = logits[:PROBE_SEQUENCES].detach().float()
         return torch.cat([*(m for m, _ in stats), *(e for _, e in stats),
                           mean_cosine_similarity(torch.stack(self.block_out)),
-                          relative_change(torch.stack(self.block_in), torch.stack(self.block_out)),
+                          relative_change(torch.stack(self.stream_in + self.block_out[:-1]),
+                                          torch.stack(self.block_out)),
                           torch.stack([output_log_partition(logits), logits.amax()])])
 
 

@@ -377,7 +377,7 @@ def _train(cell, run_dir: Path, plan: RunPlan, old: dict | None, threads: int, q
             t0 = time.perf_counter()
             lr = lr_at(step, cfg)
             for group in opt.param_groups:
-                group["lr"] = lr * group.get("lr_scale", 1.0)
+                group["lr"] = lr
             x, y = data.batch("train", step, cfg.seed, cfg.batch_size, cfg.context, device)  # ...and the batch order
             with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
                 logits, loss = forward(x, y)

@@ -12,7 +12,7 @@ that sets every parameter in place; biases start at zero and norm gains at one i
              and MLP projections and gain 1 on queries and keys (Wang et al. 2022, Algorithm 1);
              the default of norm=deepnorm, whose residual scaling it is derived for
 
-Which init a block gets without one named is its placement's `default_init` (model.default_init).
+Which init a block gets without one named is its placement's `default_init` (`default_init` below).
 A new scheme is one decorated function here or in a plugin file.
 """
 from __future__ import annotations
@@ -23,9 +23,15 @@ import torch
 from torch import nn
 
 from ablate.variants.placements import deepnorm_constants
-from ablate.variants.registry import INITS
+from ablate.variants.registry import INITS, PLACEMENTS
 
 STD = 0.02  # GPT-2's
+
+
+def default_init(spec) -> str:
+    """The init a block gets when none is named: its placement's own (DeepNorm's is DeepNet's,
+    which its residual scaling is derived for), else GPT-2's."""
+    return PLACEMENTS.get(spec.norm).default_init
 
 
 def _matrices(model):

@@ -1,6 +1,6 @@
 """Optimizers (the `optimizer` option). Each is a registered class whose `build(model, cfg)`
-returns a torch optimizer; the engine sets every param group's `lr` each step (times the
-group's `lr_scale`, 1 unless an optimizer says otherwise) and checkpoints `state_dict()`.
+returns a torch optimizer; the engine sets every param group's `lr` each step and
+checkpoints `state_dict()`.
 
     adamw  decoupled weight decay on matrices, none on biases and gains (GPT-2; the default)
     adam   Adam with the L2 penalty `weight_decay` on matrices added to the gradient (coupled)
