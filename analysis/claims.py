@@ -39,13 +39,13 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats as scipy_stats
 
 from ablate.analysis.claim_measures import MEASURES, Context, Measure, MeasureUnavailable, values_by_key
 from ablate.analysis.load import Runs, load_runs
 from ablate.analysis.metrics import cell_metrics
 from ablate.analysis.stats import (DEFAULT_ALPHA, DEFAULT_POWER, MAX_SEEDS, Interval, adjust_p_values, bootstrap_ci,
-                                   format_p, seeds_for_power)
+                                   discordant_pairs, format_p, mcnemar_exact, mcnemar_pairs_for_power,
+                                   one_sample_p_value, one_sided_seeds_for_power, seeds_for_power, tost)
 
 AGREES, DISAGREES, CANNOT_TELL = "agrees", "does not agree", "cannot tell"
 EXPECTATIONS = ("higher", "lower", "equal")
@@ -371,81 +371,40 @@ def pairing_axes(runs: Runs, c: Compare, m: Measure, a_cells: pd.DataFrame, b_ce
     return ["seed", *within]
 
 
+# The tests themselves live in stats.py; these name the one a verdict used and turn its effect
+# into the seeds that would tell (`needed`, at the Bonferroni-bounded alpha_power).
+
+
 def _t_test(d: np.ndarray, one_sample: bool, alpha_power: float):
+    """(name, p, seeds needed): the two-sided t-test of the per-key differences a - b (or
+    a - `than`); no p-value and no seed count where the differences do not vary."""
     name = "one-sample t-test" if one_sample else "paired t-test"
-    if d.size < 2 or np.ptp(d) <= 1e-12 * max(1.0, float(np.abs(d).max())):
-        return name, None, None
-    p = float(scipy_stats.ttest_1samp(d, 0.0).pvalue)
-    return name, (p if math.isfinite(p) else None), seeds_for_power(d, alpha_power, DEFAULT_POWER)
+    return name, one_sample_p_value(d), seeds_for_power(d, alpha_power, DEFAULT_POWER)
 
 
 def _tost(d: np.ndarray, margin: float, alpha: float, alpha_power: float):
     """(name, decisive p, 90% interval, seeds needed): TOST when |mean| < margin, else the
     one-sided test that the difference lies beyond the margin."""
-    n = d.size
-    if n < 2 or float(d.std(ddof=1)) == 0:
+    result = tost(d, margin, alpha)
+    if result is None:
         return "TOST", None, None, None
-    mean, sd = float(d.mean()), float(d.std(ddof=1))
-    se, df = sd / math.sqrt(n), n - 1
-    half = scipy_stats.t.ppf(1 - alpha, df) * se
-    interval = Interval(mean - half, mean + half, 1 - 2 * alpha)
-    if abs(mean) < margin:
-        p = max(scipy_stats.t.sf((mean + margin) / se, df), scipy_stats.t.cdf((mean - margin) / se, df))
-        effect, name = (margin - abs(mean)) / sd, "TOST"
-    else:
-        p = scipy_stats.t.sf((abs(mean) - margin) / se, df)
-        effect, name = (abs(mean) - margin) / sd, "one-sided t-test beyond the margin"
-    return name, float(p), interval, _one_sided_seeds(effect, alpha_power)
+    name = "TOST" if result.within else "one-sided t-test beyond the margin"
+    return name, result.p_value, result.interval, _one_sided_seeds(result.effect_size, alpha_power)
 
 
-def _one_sided_seeds(effect: float, alpha: float, power: float = DEFAULT_POWER) -> int | None:
-    """Seeds at which a one-sided t-test at `alpha` reaches `power` for a standardised effect."""
-    if not effect > 0:
-        return None
-
-    def power_at(n):
-        return scipy_stats.nct.sf(scipy_stats.t.ppf(1 - alpha, n - 1), n - 1, effect * math.sqrt(n))
-
-    if power_at(MAX_SEEDS) < power:
-        return MAX_SEEDS + 1
-    n = 2
-    while power_at(n) < power:
-        n = n * 2
-    low = max(2, n // 2)
-    while low < n:
-        middle = (low + n) // 2
-        low, n = (middle + 1, n) if power_at(middle) < power else (low, middle)
-    return n
+def _one_sided_seeds(effect: float, alpha: float) -> int | None:
+    """one_sided_seeds_for_power, with a real effect too small to chase as MAX_SEEDS + 1 (the
+    verdict says "more than MAX_SEEDS would be needed" rather than "no estimate")."""
+    needed = one_sided_seeds_for_power(effect, alpha, DEFAULT_POWER)
+    return MAX_SEEDS + 1 if needed is None and effect > 0 else needed
 
 
 def _mcnemar(a: np.ndarray, b: np.ndarray, alpha_power: float):
-    """Exact McNemar: binomtest on the discordant pairs; and the pairs at which it reaches 80%
+    """(name, p, pairs needed): the exact McNemar test, and the pairs at which it reaches 80%
     power for the observed discordance rates."""
-    n10, n01 = int(((a == 1) & (b == 0)).sum()), int(((a == 0) & (b == 1)).sum())
-    name = "exact McNemar test"
-    p = float(scipy_stats.binomtest(n10, n10 + n01, 0.5).pvalue) if n10 + n01 else None
-    return name, p, mcnemar_pairs_for_power(n10 / a.size, n01 / a.size, alpha_power)
-
-
-def mcnemar_pairs_for_power(p10: float, p01: float, alpha: float, power: float = DEFAULT_POWER,
-                            max_pairs: int = 500) -> int | None:
-    """The smallest number of pairs at which the exact McNemar test at `alpha` rejects with
-    probability `power` when a pair is (1, 0) with probability p10 and (0, 1) with p01."""
-    q = p10 + p01
-    if q <= 0 or p10 == p01:
-        return None
-    r = p10 / q
-    # The chance that d discordant pairs give a significant two-sided binomial test.
-    rejects = np.zeros(max_pairs + 1)
-    for d in range(1, max_pairs + 1):
-        k = np.arange(d + 1)
-        p_two = np.minimum(1.0, 2 * scipy_stats.binom.cdf(np.minimum(k, d - k), d, 0.5))
-        tail = k[p_two < alpha]
-        rejects[d] = scipy_stats.binom.pmf(tail, d, r).sum() if tail.size else 0.0
-    for n in range(2, max_pairs + 1):
-        if float(scipy_stats.binom.pmf(np.arange(n + 1), n, q) @ rejects[:n + 1]) >= power:
-            return n
-    return None
+    n10, n01 = discordant_pairs(a, b)
+    return "exact McNemar test", mcnemar_exact(a, b), mcnemar_pairs_for_power(n10 / a.size, n01 / a.size,
+                                                                             alpha_power)
 
 
 def _correct(results: list[Result], alpha: float) -> list[Result]:

@@ -7,7 +7,9 @@ per-seed differences. Welch's t-test (which ignores pairing) is used only where 
 share fewer than two seeds or train on different batches (model, batch size, context or data
 differ). The p-values of one report are corrected together (Benjamini-Hochberg by default,
 Holm on request); a "no significant difference" comes with the number of seeds at which a
-paired t-test would detect the observed mean difference with 80% power.
+paired t-test would detect the observed mean difference with 80% power. The claim engine
+(claims.py) also tests equivalence within a margin (TOST, with the seeds a one-sided t-test
+needs) and paired 0/1 outcomes (the exact McNemar test, with the pairs it needs).
 
 Only finished cells count: a `completed` cell contributes its final loss; a `diverged` cell
 has none and counts in the divergence rate instead; `failed` cells (a Python error, not a
@@ -17,6 +19,7 @@ values there is no interval and no p-value: the result says so instead of a numb
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -79,14 +82,29 @@ def welch_p_value(a, b) -> float | None:
     return float(p) if math.isfinite(p) else None
 
 
+def one_sample_p_value(values, popmean: float = 0.0) -> float | None:
+    """Two-sided one-sample t-test p-value of mean(values) = popmean (scipy.stats.ttest_1samp):
+    the paired t-test when `values` are per-seed differences, or a measure against a fixed
+    number. None for fewer than two values or values that do not vary (no test)."""
+    values = np.asarray(values, dtype=float)
+    if values.size < 2 or not _varies(values):
+        return None
+    p = scipy_stats.ttest_1samp(values, popmean).pvalue
+    return float(p) if math.isfinite(p) else None
+
+
 def paired_p_value(a, b) -> float | None:
     """Two-sided paired t-test p-value (same seed = same batches, so pairs share noise);
-    None for fewer than two pairs or differences that do not vary."""
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if a.size < 2 or not _varies(a - b):
-        return None
-    p = scipy_stats.ttest_rel(a, b).pvalue
-    return float(p) if math.isfinite(p) else None
+    None for fewer than two pairs or differences that do not vary. The paired t-test is the
+    one-sample test of the differences (scipy.stats.ttest_rel computes it the same way)."""
+    return one_sample_p_value(np.asarray(a, dtype=float) - np.asarray(b, dtype=float))
+
+
+def _upper_tail_power(critical: float, df: int, noncentrality: float) -> float:
+    """P(T > critical) for a noncentral t: the chance a t statistic clears an upper critical
+    value. scipy's sf gives NaN for some large noncentralities, where 1 - cdf still works."""
+    near = scipy_stats.nct.sf(critical, df, noncentrality)
+    return float(near if math.isfinite(near) else 1.0 - scipy_stats.nct.cdf(critical, df, noncentrality))
 
 
 def paired_power(effect_size: float, n: int, alpha: float = DEFAULT_ALPHA) -> float:
@@ -96,12 +114,33 @@ def paired_power(effect_size: float, n: int, alpha: float = DEFAULT_ALPHA) -> fl
     df = n - 1
     critical = scipy_stats.t.ppf(1 - alpha / 2, df)
     noncentrality = abs(effect_size) * math.sqrt(n)  # the test is symmetric in the sign
-    near = scipy_stats.nct.sf(critical, df, noncentrality)
-    if not math.isfinite(near):
-        near = 1.0 - scipy_stats.nct.cdf(critical, df, noncentrality)
+    near = _upper_tail_power(critical, df, noncentrality)
     # The tail on the far side is tiny; scipy returns NaN for some of those (e.g. df 1, nc 14).
     far = scipy_stats.nct.cdf(-critical, df, noncentrality)
     return float(near + (far if math.isfinite(far) else 0.0))
+
+
+def one_sided_power(effect_size: float, n: int, alpha: float = DEFAULT_ALPHA) -> float:
+    """Power of a one-sided one-sample t-test at `alpha` with `n` values when the true effect
+    in the tested direction is `effect_size` standard deviations (scipy.stats.nct): what each
+    half of a TOST, or a test that a difference lies beyond a margin, can detect."""
+    df = n - 1
+    return _upper_tail_power(scipy_stats.t.ppf(1 - alpha, df), df, effect_size * math.sqrt(n))
+
+
+def _smallest_n_reaching(power_at: Callable[[int], float], power: float, max_n: int) -> int | None:
+    """The smallest n >= 2 with power_at(n) >= power, or None when even `max_n` falls short.
+    Power grows with n, so doubling then bisecting finds it in O(log n) power evaluations
+    (each a noncentral t tail) instead of one per candidate."""
+    if power_at(max_n) < power:
+        return None
+    low, high = 1, 2  # power(low) < target (one value has no test), power(high) to be found
+    while power_at(high) < power:
+        low, high = high, high * 2
+    while high - low > 1:  # bisect for the first n that reaches it
+        middle = (low + high) // 2
+        low, high = (middle, high) if power_at(middle) < power else (low, middle)
+    return min(high, max_n)
 
 
 def seeds_for_power(differences, alpha: float = DEFAULT_ALPHA, power: float = DEFAULT_POWER,
@@ -115,15 +154,100 @@ def seeds_for_power(differences, alpha: float = DEFAULT_ALPHA, power: float = DE
     if d.size < 2 or not _varies(d) or d.mean() == 0:
         return None
     effect = abs(float(d.mean())) / float(d.std(ddof=1))
-    if paired_power(effect, max_seeds, alpha) < power:
+    return _smallest_n_reaching(lambda n: paired_power(effect, n, alpha), power, max_seeds)
+
+
+def one_sided_seeds_for_power(effect_size: float, alpha: float = DEFAULT_ALPHA, power: float = DEFAULT_POWER,
+                              max_seeds: int = MAX_SEEDS) -> int | None:
+    """The smallest number of seeds at which a one-sided t-test at `alpha` detects a true
+    effect of `effect_size` standard deviations with probability `power` (one_sided_power).
+    None when there is no effect in the tested direction (effect_size <= 0) or more than
+    `max_seeds` seeds would be needed."""
+    if not effect_size > 0:
         return None
-    low, high = 1, 2  # power(low) < target (one pair has no test), power(high) to be found
-    while paired_power(effect, high, alpha) < power:
-        low, high = high, high * 2
-    while high - low > 1:  # power grows with n: bisect for the first n that reaches it
-        middle = (low + high) // 2
-        low, high = (middle, high) if paired_power(effect, middle, alpha) < power else (low, middle)
-    return min(high, max_seeds)
+    return _smallest_n_reaching(lambda n: one_sided_power(effect_size, n, alpha), power, max_seeds)
+
+
+@dataclass(frozen=True)
+class Equivalence:
+    """What tost found: the evidence for equivalence, the evidence against it, and which of
+    the two the mean points to."""
+
+    within: bool  # |mean| < margin: only then can equivalence be shown, else only refuted
+    p_equivalent: float  # TOST: the larger of the two one-sided p-values against -margin and +margin
+    p_beyond: float  # one-sided p-value that the mean lies beyond the margin on its own side
+    interval: Interval  # the (1 - 2 alpha) t interval of the mean: inside +-margin iff TOST rejects
+    effect_size: float  # |distance from the mean to the nearer margin| / sd, for one_sided_seeds_for_power
+
+    @property
+    def p_value(self) -> float:
+        """The decisive p-value: TOST's when the mean is within the margin, else the test beyond it."""
+        return self.p_equivalent if self.within else self.p_beyond
+
+
+def tost(differences, margin: float, alpha: float = DEFAULT_ALPHA) -> Equivalence | None:
+    """Two one-sided t-tests (TOST) that the mean of `differences` lies within +-`margin`:
+    "mean <= -margin" and "mean >= margin" must both be rejected, so the p-value of equivalence
+    is the larger of the two (scipy.stats.ttest_1samp, alternative="greater" / "less"). A mean
+    at or beyond the margin cannot be shown equivalent, only shown beyond it: the one-sided test
+    of that is given too, so the data can refute equivalence as well as support it. None for
+    fewer than two differences or differences without spread (no t statistic)."""
+    d = np.asarray(differences, dtype=float)
+    if d.size < 2 or float(d.std(ddof=1)) == 0:
+        return None
+    mean, sd = float(d.mean()), float(d.std(ddof=1))
+    above_low = scipy_stats.ttest_1samp(d, -margin, alternative="greater").pvalue
+    below_high = scipy_stats.ttest_1samp(d, margin, alternative="less").pvalue
+    beyond = (scipy_stats.ttest_1samp(d, margin, alternative="greater") if mean > 0 else
+              scipy_stats.ttest_1samp(d, -margin, alternative="less")).pvalue
+    half = scipy_stats.t.ppf(1 - alpha, d.size - 1) * sd / math.sqrt(d.size)
+    return Equivalence(abs(mean) < margin, float(max(above_low, below_high)), float(beyond),
+                       Interval(mean - half, mean + half, 1 - 2 * alpha), abs(margin - abs(mean)) / sd)
+
+
+def discordant_pairs(a, b) -> tuple[int, int]:
+    """(pairs with a = 1 and b = 0, pairs with a = 0 and b = 1) of paired 0/1 outcomes: the
+    only pairs that say which side is more likely to be 1."""
+    a, b = np.asarray(a), np.asarray(b)
+    return int(((a == 1) & (b == 0)).sum()), int(((a == 0) & (b == 1)).sum())
+
+
+def mcnemar_exact(a, b) -> float | None:
+    """Two-sided exact McNemar p-value for paired 0/1 outcomes: under no difference each
+    discordant pair is (1, 0) or (0, 1) with probability 1/2, so the count of (1, 0) pairs is
+    tested with scipy.stats.binomtest. Exact, because the seeds are few (the chi-square
+    approximation needs many discordant pairs). None when no pair is discordant."""
+    n10, n01 = discordant_pairs(a, b)
+    return float(scipy_stats.binomtest(n10, n10 + n01, 0.5).pvalue) if n10 + n01 else None
+
+
+def mcnemar_pairs_for_power(p10: float, p01: float, alpha: float = DEFAULT_ALPHA, power: float = DEFAULT_POWER,
+                            max_pairs: int = 500) -> int | None:
+    """The smallest number of pairs at which the exact McNemar test at `alpha` rejects with
+    probability `power` when a pair is (1, 0) with probability p10 and (0, 1) with p01: the
+    exact binomial power, summed over how many pairs turn out discordant. None when p10 = p01
+    (no effect to detect) or more than `max_pairs` pairs would be needed."""
+    q = p10 + p01
+    if q <= 0 or p10 == p01:
+        return None
+    rejects = _mcnemar_rejection_chances(p10 / q, alpha, max_pairs)
+    for n in range(2, max_pairs + 1):
+        if float(scipy_stats.binom.pmf(np.arange(n + 1), n, q) @ rejects[:n + 1]) >= power:
+            return n
+    return None
+
+
+def _mcnemar_rejection_chances(r: float, alpha: float, max_pairs: int) -> np.ndarray:
+    """[d]: the chance that d discordant pairs, each (1, 0) with probability r, give a two-sided
+    exact binomial p < alpha. The p-value of k of d is binomtest's for p = 1/2 (twice the
+    smaller tail, capped at 1), computed for every k at once: binomtest per k is far slower."""
+    rejects = np.zeros(max_pairs + 1)
+    for d in range(1, max_pairs + 1):
+        k = np.arange(d + 1)
+        p_two = np.minimum(1.0, 2 * scipy_stats.binom.cdf(np.minimum(k, d - k), d, 0.5))
+        tail = k[p_two < alpha]
+        rejects[d] = scipy_stats.binom.pmf(tail, d, r).sum() if tail.size else 0.0
+    return rejects
 
 
 def holm(p_values) -> np.ndarray:

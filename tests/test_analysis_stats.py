@@ -7,8 +7,10 @@ import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 
-from ablate.analysis.stats import (PAIRED, WELCH, adjust_p_values, bootstrap_ci, correct, group_stats, holm,
-                                   paired_comparison, paired_power, seeds_for_power, welch_p_value)
+from ablate.analysis.stats import (MAX_SEEDS, PAIRED, WELCH, adjust_p_values, bootstrap_ci, correct, discordant_pairs,
+                                   group_stats, holm, mcnemar_exact, mcnemar_pairs_for_power, one_sample_p_value,
+                                   one_sided_power, one_sided_seeds_for_power, paired_comparison, paired_p_value,
+                                   paired_power, seeds_for_power, tost, welch_p_value)
 
 PRE, POST = "pre.layernorm.gelu.dense.res", "post.layernorm.gelu.dense.res"
 RMS, ONE = "pre.rmsnorm.gelu.dense.res", "pre.layernorm.swiglu.res"
@@ -219,3 +221,101 @@ def test_seeds_for_power_is_none_where_it_cannot_be_estimated():
     # at 1 degree of freedom, which must count as 0, not poison the sum.
     assert paired_power(10.0 - 1e-12, 2) == pytest.approx(0.7328, abs=1e-4)
     assert seeds_for_power([1.0, 1.1, 0.9]) == 3
+
+
+def test_one_sample_p_value_is_the_t_test_against_a_number_and_the_paired_test_of_differences():
+    values = np.array([0.05, 0.06, 0.07])
+    assert one_sample_p_value(values, 0.5) == pytest.approx(scipy_stats.ttest_1samp(values, 0.5).pvalue, rel=1e-12)
+    # mean 0.06, sd 0.01, se 0.01 / sqrt(3): t = (0.06 - 0.5) / se = -76.2 on 2 degrees of freedom
+    assert one_sample_p_value(values, 0.5) == pytest.approx(2 * scipy_stats.t.cdf(-0.44 * math.sqrt(3) / 0.01, 2))
+    assert one_sample_p_value([0.2, 0.2, 0.2]) is None and one_sample_p_value([0.2]) is None
+    a, b = np.array([3.0, 3.1, 3.05, 3.2]), np.array([3.1, 3.15, 3.1, 3.3])
+    assert paired_p_value(a, b) == one_sample_p_value(a - b) == pytest.approx(scipy_stats.ttest_rel(a, b).pvalue)
+
+
+def test_mcnemar_exact_on_hand_counted_discordant_pairs():
+    # 6 discordant pairs, all (1, 0): under no difference each is a coin flip, so the two-sided
+    # exact p is 2 * 0.5**6 = 0.03125. Concordant pairs (1, 1) and (0, 0) carry no information.
+    a = np.array([1, 1, 1, 1, 1, 1, 1, 0, 0])
+    b = np.array([0, 0, 0, 0, 0, 0, 1, 0, 0])
+    assert discordant_pairs(a, b) == (6, 0) and discordant_pairs(b, a) == (0, 6)
+    assert mcnemar_exact(a, b) == pytest.approx(2 * 0.5 ** 6) == pytest.approx(mcnemar_exact(b, a))
+    # 5 one way, 1 the other: p = 2 * P(X <= 1), X ~ Binomial(6, 1/2) = 2 * (1 + 6) / 64
+    assert mcnemar_exact([1, 1, 1, 1, 1, 0], [0, 0, 0, 0, 0, 1]) == pytest.approx(14 / 64)
+    assert mcnemar_exact([1, 0, 1], [1, 0, 1]) is None  # no discordant pair: nothing to test
+
+
+def test_mcnemar_pairs_for_power_is_the_exact_binomial_power():
+    # Every pair (1, 0) with probability 1/2, else concordant: the test rejects once 6 pairs are
+    # discordant (2 * 0.5**6 < 0.05 <= 2 * 0.5**5). P(Binomial(15, 1/2) >= 6) = 1 - 4944/32768
+    # = 0.849 reaches 80%; P(Binomial(14, 1/2) >= 6) = 1 - 3473/16384 = 0.788 does not.
+    assert mcnemar_pairs_for_power(0.5, 0.0, 0.05) == 15
+    assert mcnemar_pairs_for_power(0.5, 0.0, 0.05, power=0.85) == 16  # 1 - 6885/65536 = 0.895
+
+    def power(n, p10, p01, alpha=0.05):  # by brute force over every outcome, with binomtest
+        return sum(scipy_stats.multinomial.pmf([n10, n01, n - n10 - n01], n, [p10, p01, 1 - p10 - p01])
+                   for n10 in range(n + 1) for n01 in range(n + 1 - n10)
+                   if n10 + n01 and scipy_stats.binomtest(n10, n10 + n01, 0.5).pvalue < alpha)
+
+    n = mcnemar_pairs_for_power(0.7, 0.1, 0.05)
+    assert power(n - 1, 0.7, 0.1) < 0.8 <= power(n, 0.7, 0.1)
+    assert mcnemar_pairs_for_power(0.3, 0.3, 0.05) is None  # no effect: no count tells
+    assert mcnemar_pairs_for_power(0.01, 0.0, 0.05, max_pairs=50) is None  # too rare to tell in 50
+
+
+def test_tost_within_the_margin_shows_equivalence_and_beyond_it_refutes_it():
+    d = np.array([0.01, -0.01, 0.01, -0.01])  # mean 0, sd 0.01 * sqrt(4/3), se = sd / 2
+    se = np.std(d, ddof=1) / 2
+    inside = tost(d, margin=0.03)
+    # Both one-sided tests have t = 0.03 / se = 5.2 on 3 degrees of freedom.
+    assert inside.within and inside.p_value == inside.p_equivalent == pytest.approx(scipy_stats.t.sf(0.03 / se, 3))
+    assert inside.p_value < 0.01 and inside.p_beyond > 0.99
+    assert inside.interval.confidence == pytest.approx(0.9)
+    half = scipy_stats.t.ppf(0.95, 3) * se  # the 90% t interval: inside +-margin, as TOST rejects
+    assert (inside.interval.low, inside.interval.high) == pytest.approx((-half, half))
+    assert inside.effect_size == pytest.approx(0.03 / np.std(d, ddof=1))
+
+    outside = tost(d + 0.2, margin=0.03)  # mean 0.2, well beyond +0.03
+    assert not outside.within and outside.p_equivalent > 0.99
+    assert outside.p_value == outside.p_beyond == pytest.approx(scipy_stats.t.sf(0.17 / se, 3))
+    assert outside.p_value < 0.001 and outside.effect_size == pytest.approx(0.17 / np.std(d, ddof=1))
+    below = tost(d - 0.2, margin=0.03)  # the mirror image: beyond -0.03, the same evidence
+    assert not below.within and below.p_beyond == pytest.approx(outside.p_beyond)
+    assert tost([0.5, 0.5, 0.5], 0.03) is None and tost([0.1], 0.03) is None  # no spread, no t statistic
+
+
+def test_tost_cannot_show_equivalence_from_too_few_or_too_noisy_seeds():
+    noisy = tost(np.array([0.05, -0.05, 0.05, -0.05]), margin=0.03)  # mean 0, but se 0.029
+    assert noisy.within and noisy.p_value > 0.05
+    assert noisy.interval.low < -0.03 and noisy.interval.high > 0.03  # the interval is wider than the margin
+
+
+def test_one_sided_seeds_for_power_is_the_first_count_whose_noncentral_t_power_reaches_the_target():
+    for effect in (0.2, 0.5, 0.8, 1.5, 4.0):
+        n = one_sided_seeds_for_power(effect)
+
+        def nct_power(k):  # P(T > t_(1-alpha, k-1)) for T noncentral t with nc = effect * sqrt(k)
+            return scipy_stats.nct.sf(scipy_stats.t.ppf(0.95, k - 1), k - 1, effect * math.sqrt(k))
+
+        assert nct_power(n) >= 0.8 and (n == 2 or nct_power(n - 1) < 0.8), effect
+        assert one_sided_power(effect, n) == pytest.approx(nct_power(n))
+    assert one_sided_seeds_for_power(0.5) == 27  # G*Power, one-tailed one-sample t-test, d = 0.5
+
+
+def test_one_sided_seeds_for_power_is_monotone_and_below_the_two_sided_count():
+    effects = np.geomspace(0.05, 5, 25)
+    counts = [one_sided_seeds_for_power(e) for e in effects]
+    assert all(a >= b for a, b in zip(counts, counts[1:]))  # a larger effect needs no more seeds
+    assert counts[0] > 300 and counts[-1] == 3  # d = 0.05 needs hundreds; d = 5 three (two give 1 df)
+    assert one_sided_seeds_for_power(0.5, alpha=0.01) > one_sided_seeds_for_power(0.5, alpha=0.05)
+    assert one_sided_seeds_for_power(0.5, power=0.9) > one_sided_seeds_for_power(0.5, power=0.8)
+    # One tail at alpha is easier to clear than two at alpha / 2 each: fewer seeds than the paired test.
+    differences = np.array([-1.0, 1.0, -1.0, 1.0]) / np.std([-1, 1, -1, 1], ddof=1) + 0.5
+    assert one_sided_seeds_for_power(0.5) < seeds_for_power(differences) == 34
+
+
+def test_one_sided_seeds_for_power_is_none_without_an_effect_or_beyond_max_seeds():
+    assert one_sided_seeds_for_power(0.0) is None and one_sided_seeds_for_power(-0.3) is None
+    assert one_sided_seeds_for_power(1e-3) is None  # about 6 million seeds: more than MAX_SEEDS
+    assert one_sided_seeds_for_power(0.05, max_seeds=100) is None
+    assert one_sided_seeds_for_power(0.05) <= MAX_SEEDS
