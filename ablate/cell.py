@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ablate.config import cell_id, group_id, resolve
+from ablate.config import TrainConfig, group_id, resolve, with_seed
 from ablate.errors import ConfigError
 from ablate.rundir import SUMMARY, CellLock, read_json, remove_stale_temporaries, replace_atomic, write_json_atomic
 
@@ -30,40 +30,76 @@ ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 _GIVEN: dict[frozenset, frozenset] = {}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Cell:
-    """One unit of work: flat options plus where it belongs."""
+    """One unit of work: what defines the run, resolved once where the cell is made (by
+    `ablate train` or by loading a grid), plus where it belongs. Planning, the identity check
+    and training read `config`; nothing resolves the cell's options again. How it executes
+    (its threads) travels beside it as an `Execution`, so a scheduler never rewrites a cell."""
 
-    options: dict[str, Any]
+    # The resolved config of the cell's setting, shared by the seeds of one setting (a grid of
+    # a million seeds holds one config per setting, not per cell); `config` adds the seed.
+    setting: TrainConfig
+    seed: int
     id: str
     group: str
-    axes: dict[str, Any] = field(default_factory=dict)
+    # The axes that name the cell within its grid, but the seed (shared by a setting's seeds).
+    setting_axes: dict[str, Any] = field(default_factory=dict)
     grid: str | None = None
-    # The option names the user set (None: all of `options`). A scheduler adds `threads` per
-    # worker later; unlike a user's --threads, that yields to the count a run started with.
-    given: frozenset[str] | None = None
+    # The option names the user set (one shared frozenset per set of names): `options` and
+    # config.json record those, and a user's `threads` wins over a scheduler's.
+    given: frozenset[str] = frozenset()
     # The plugins (ablate/plugins.py) whose registered values the cell may name: every process
     # that trains it imports them first.
     plugins: tuple[str, ...] = ()
 
     @classmethod
-    def from_options(cls, options: dict[str, Any], id_keys=(), axes=None, grid=None,
-                     keep_defaults: bool = False, cfg=None, group: str | None = None) -> "Cell":
+    def from_options(cls, options: dict[str, Any], id_keys=(), axes=None, grid=None, keep_defaults: bool = False,
+                     cfg: TrainConfig | None = None, group: str | None = None, seed: int | None = None) -> "Cell":
         """keep_defaults: name the cell by every id key, also one at its default (see group_id).
         The cell carries the plugins this process imported (they defined its values).
-        cfg, group: `resolve(options)` and its group_id, when the caller has them (a grid of many
-        seeds resolves each setting once)."""
+        cfg, group, seed: `resolve(options)` (a setting's config, shared by its seeds, with the
+        cell's `seed` apart), its group_id, when the caller has them (a grid resolves each
+        setting once)."""
         from ablate import plugins
 
         cfg = cfg if cfg is not None else resolve(options)  # raises ConfigError on anything invalid
+        seed = cfg.seed if seed is None else seed
         group = group if group is not None else group_id(cfg, id_keys, keep_defaults)
         given = frozenset(options)
         given = _GIVEN.setdefault(given, given)  # one copy per set of names, not one per cell
-        return cls(dict(options), cell_id(cfg, id_keys, keep_defaults), group,
-                   dict(axes or {}), grid, given, plugins.requested())
+        setting_axes = {k: v for k, v in (axes or {}).items() if k != "seed"}
+        return cls(cfg, seed, f"{group}__seed={seed}", group, setting_axes, grid, given, plugins.requested())
+
+    @property
+    def config(self) -> TrainConfig:
+        """The cell's resolved config, its seed included."""
+        return with_seed(self.setting, self.seed)
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The options the user set, with their resolved values (what grid.json records)."""
+        cfg = self.config
+        return {k: getattr(cfg, k) for k in sorted(self.given)}
+
+    @property
+    def axes(self) -> dict[str, Any]:
+        return {**self.setting_axes, "seed": self.seed} if self.grid is not None else dict(self.setting_axes)
 
     def is_given(self, option: str) -> bool:
-        return option in (self.options if self.given is None else self.given)
+        return option in self.given
+
+
+@dataclass(frozen=True)
+class Execution:
+    """How a scheduler runs a cell, apart from what the cell is: the torch threads of its
+    worker's share of the machine. A `threads` the cell's own options set wins; a resumed run
+    keeps the count it started with (ablate.train), whatever either says."""
+
+    threads: int | None = None
+
+    def threads_for(self, cell: Cell) -> int | None:
+        return cell.setting.threads if cell.setting.threads is not None else self.threads
 
 
 @dataclass
@@ -95,11 +131,12 @@ def finished_status(run_dir: Path) -> str | None:
     return status if status in ("completed", "diverged") else "failed"
 
 
-def run_cell(cell: Cell, out_root: str | Path, retries: int = 0, quiet: bool = True) -> CellOutcome:
+def run_cell(cell: Cell, out_root: str | Path, retries: int = 0, quiet: bool = True,
+             execution: Execution | None = None) -> CellOutcome:
     """Train `cell` under `out_root/<cell.id>/`, retrying a Python error `retries` times
     before recording status `failed`. Divergence is a result and is never retried; a cell
     that failed before is tried again. A run directory holding a run of another config is
-    refused (ConfigError), finished or not."""
+    refused (ConfigError), finished or not. `execution`: how to run it (a scheduler's threads)."""
     from ablate import plugins
     from ablate.train import check_existing_run, plan_run, train  # heavy imports (torch) only when needed
 
@@ -109,7 +146,7 @@ def run_cell(cell: Cell, out_root: str | Path, retries: int = 0, quiet: bool = T
         return _finished(cell, run_dir)
     # Everything that can refuse the cell is checked before the lock creates its folder, so a
     # refused cell leaves nothing behind; train uses the same plan.
-    plan = plan_run(cell)
+    plan = plan_run(cell, execution)
     check_existing_run(cell, run_dir, plan)
     lock = CellLock(run_dir)
     if not lock.acquire():

@@ -173,6 +173,12 @@ class TrainConfig:
     def context(self) -> int:
         return self.seq_len or self.size.context
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled (to a worker, a Ray task, a SLURM job) as its fields only: the cached spec and
+        # size may hold a plugin's classes, which the receiving process imports only later
+        # (ablate.cell.run_cell loads the cell's plugins first), and are rebuilt there on use.
+        return {f: vars(self)[f] for f in _FIELDS}
+
     @property
     def init_name(self) -> str:
         """The init the model is built with (the placement's own unless one is named)."""
@@ -339,3 +345,21 @@ def group_id(cfg: TrainConfig, id_keys: tuple[str, ...] | list[str] = (), keep_d
 
 def cell_id(cfg: TrainConfig, id_keys: tuple[str, ...] | list[str] = (), keep_defaults: bool = False) -> str:
     return f"{group_id(cfg, id_keys, keep_defaults)}__seed={cfg.seed}"
+
+
+_FIELDS = tuple(f.name for f in fields(TrainConfig))
+
+
+def with_seed(cfg: TrainConfig, seed: int) -> TrainConfig:
+    """`cfg` with another seed. The variant spec and model size (cached on the config) do not
+    depend on the seed, so the copy keeps them instead of resolving them again."""
+    if seed == cfg.seed:
+        return cfg
+    # A field-for-field copy (dataclasses.replace costs ~80 us on a config of this size).
+    copy = object.__new__(type(cfg))
+    state = vars(copy)
+    state.update(vars(cfg))
+    for cached in set(state) - set(_FIELDS) - {"spec", "size"}:  # any other cached value: recomputed
+        del state[cached]
+    state["seed"] = seed  # checked when it was read (coerce_option)
+    return copy

@@ -23,7 +23,6 @@ that the variant rules refuse (e.g. `deepnorm` without residual) is dropped and 
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import re
 import tomllib
@@ -33,7 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ablate.cell import Cell, check_id_fits
-from ablate.config import EXECUTION_KEYS, OPTION_NAMES, TrainConfig, coerce_option, group_id, resolve
+from ablate.config import EXECUTION_KEYS, OPTION_NAMES, TrainConfig, coerce_option, group_id, resolve, with_seed
 from ablate.errors import ConfigError
 from ablate.variants import AXES, VariantError, parse_variant
 
@@ -71,28 +70,6 @@ class _Resolver:
         if id(cfg) not in self._axes:
             self._axes[id(cfg)] = cfg.spec.axes()
         return self._axes[id(cfg)]
-
-    @staticmethod
-    def seeded(cfg: TrainConfig, seed: int) -> TrainConfig:
-        return with_seed(cfg, seed)
-
-
-_CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
-
-
-def with_seed(cfg: TrainConfig, seed: int) -> TrainConfig:
-    """`cfg` with another seed. The variant spec and model size (cached on the config) do not
-    depend on the seed, so the copy keeps them instead of resolving them again."""
-    if seed == cfg.seed:
-        return cfg
-    # A field-for-field copy (dataclasses.replace costs ~80 us on a config of this size).
-    copy = object.__new__(type(cfg))
-    state = vars(copy)
-    state.update(vars(cfg))
-    for cached in set(state) - _CONFIG_FIELDS - {"spec", "size"}:  # any other cached value: recomputed
-        del state[cached]
-    state["seed"] = seed  # checked when it was read (coerce_option)
-    return copy
 
 
 class CellConfigs(Mapping):
@@ -536,11 +513,10 @@ def load_grid(grid: str | Path, scale: str = DEFAULT_SCALE, overrides: Mapping[s
             shared.update({k: _effective(base_cfg, k) for k in varying_options})
             setting_axes[id(base_cfg)] = (shared, group_id(base_cfg, varying_options, keep_defaults=True))
         shared, group = setting_axes[id(base_cfg)]
-        cfg = resolver.seeded(base_cfg, seed)
         # Named by every option that varies in the grid, default values included: a train run
         # leaves `warmup=0` out of its id, but a grid crossing warmup 0 and 100 names both.
-        cell = Cell.from_options(options, id_keys=varying_options, axes={**shared, "seed": seed},
-                                 grid=raw["name"], keep_defaults=True, cfg=cfg, group=group)
+        cell = Cell.from_options(options, id_keys=varying_options, axes=shared, grid=raw["name"],
+                                 keep_defaults=True, cfg=base_cfg, group=group, seed=seed)
         if "/" in cell.id or cell.id.startswith("."):
             raise _fail(source, "", f"cell id {cell.id!r} is not a folder name (an option that varies has a "
                                     "'/' in its value); valid: vary options whose values have no '/'")

@@ -22,7 +22,7 @@ import jsonlines
 import torch
 
 from ablate import plugins
-from ablate.config import IDENTITY_KEYS, NOT_COMPARED, OPTIONS, TrainConfig, resolve
+from ablate.config import IDENTITY_KEYS, NOT_COMPARED, OPTIONS, TrainConfig
 from ablate.data import TokenData, load_data
 from ablate.errors import ConfigError
 from ablate.kernels import get_backend
@@ -81,10 +81,14 @@ def _size_and_data(cfg: TrainConfig) -> tuple[ModelSize, TokenData]:
     return size, data
 
 
-def plan_run(cell) -> RunPlan:
-    """Resolve `cell` and check everything that could refuse it (options, device, data,
-    kernel backend) without writing anything, so a refused run leaves no trace."""
-    cfg = resolve(cell.options)
+def plan_run(cell, execution=None) -> RunPlan:
+    """Check everything that could refuse `cell` (device, data, kernel backend) without
+    writing anything, so a refused run leaves no trace. `execution` (ablate.cell.Execution)
+    brings a scheduler's thread count, which a `threads` in the cell's own options overrides."""
+    cfg = cell.config
+    threads = execution.threads_for(cell) if execution is not None else cfg.threads
+    if threads != cfg.threads:
+        cfg = replace(cfg, threads=threads)
     device = pick_device(cfg)
     size, data = _size_and_data(cfg)
     check_data_fits(data, cfg.context)
@@ -212,7 +216,7 @@ def check_existing_run(cell, run_dir: str | Path, plan: RunPlan | None = None) -
     if plan is not None:
         cfg, size, data, device, kernels = plan.cfg, plan.size, plan.data, plan.device, plan.ops.name
     else:
-        cfg = resolve(cell.options)
+        cfg = cell.config
         size, data = _size_and_data(cfg)
         device = requested_device(cfg)  # a finished cpu run and `--device cuda` differ even where no GPU is
         kernels = cfg.kernels

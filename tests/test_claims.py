@@ -338,14 +338,14 @@ def test_reproduce_all_writes_each_verdict_and_plot_and_an_index_linking_every_c
     # The grids are not trained here (the real miniature below trains one): each claim's cells are
     # written as synthetic runs where the grid would run, and the verdicts come without the full report.
     import ablate.analysis.claim_report as claim_report
-    import ablate.commands.grid as grid_command
+    import ablate.grid_runner as grid_runner
 
-    def fake_run_grid(grid, out, **options):
+    def fake_run_grid(grid, out, options=None, **_):
         synthetic_claim_runs(out, next(c for c in CLAIMS.values() if c.grid == grid.name))
         return 0
 
     full_report = claim_report.write_claim_report
-    monkeypatch.setattr(grid_command, "run_grid", fake_run_grid)
+    monkeypatch.setattr(grid_runner, "run_grid", fake_run_grid)
     monkeypatch.setattr(claim_report, "write_claim_report", lambda claim, out: full_report(claim, out, full=False))
     assert main(["reproduce", "all", "--quick", "--out", str(tmp_path), "--quiet"]) == 0
     text = (tmp_path / "index.md").read_text()

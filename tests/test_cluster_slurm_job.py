@@ -40,8 +40,9 @@ def test_job_states_and_sbatch_errors():
 TASK = """
     import pickle, sys
     from ablate.backends.slurm_job import SlurmCellJob
+    from ablate.cell import Execution
     cell, out = pickle.load(open(sys.argv[1], "rb")), sys.argv[2]
-    print("RESULT", SlurmCellJob(margin_s=float(sys.argv[3]))(cell, out, 0, None), flush=True)
+    print("RESULT", SlurmCellJob(margin_s=float(sys.argv[3]))(cell, Execution(), out, 0, None), flush=True)
 """
 
 

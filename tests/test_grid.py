@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from ablate import scheduler
-from ablate.cell import run_cell
+from ablate import grid_state
+from ablate.backends import base, local
+from ablate.cell import Execution, run_cell
 from ablate.cli import build_parser, main
-from ablate.commands.grid import execute
+from ablate.grid_runner import ExecutionOptions, execute
 from ablate.errors import ConfigError
 from ablate.grids import load_grid, shipped_grids
 from ablate.rundir import CellLock, write_json_atomic
@@ -32,7 +33,7 @@ def _fake_train(cell, run_dir, quiet=True, plan=None):
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / "attempts", "a") as f:
         f.write(json.dumps({"pid": os.getpid(), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"),
-                            "threads": cell.options.get("threads")}) + "\n")
+                            "threads": plan.cfg.threads}) + "\n")
     if cell.options.get("min_lr_ratio") == 0.123:
         raise RuntimeError("injected failure")
     if cell.options.get("beta1") == 0.123:
@@ -44,7 +45,7 @@ def _fake_train(cell, run_dir, quiet=True, plan=None):
     return summary
 
 
-def fake_cell(cell, out_root, retries=0, quiet=True):
+def fake_cell(cell, out_root, retries=0, quiet=True, execution=None):
     """The real run_cell (skip, lock, retry, failed summary) around the fake trainer.
     Importable by name, so spawned workers can run it."""
     import ablate.train
@@ -52,7 +53,7 @@ def fake_cell(cell, out_root, retries=0, quiet=True):
     real = ablate.train.train
     ablate.train.train = _fake_train
     try:
-        return run_cell(cell, out_root, retries, quiet)
+        return run_cell(cell, out_root, retries, quiet, execution)
     finally:
         ablate.train.train = real
 
@@ -63,7 +64,7 @@ def attempts(run_dir):
 
 
 def grid_args(*argv):
-    return build_parser().parse_args(["grid", *map(str, argv)])
+    return ExecutionOptions.from_args(build_parser().parse_args(["grid", *map(str, argv)]))
 
 
 SMALL = """
@@ -191,8 +192,9 @@ def test_threads_is_recorded_but_never_changes_the_id(tmp_path):
     plain = load_grid(path)
     threaded = load_grid(path, overrides={"threads": 3})
     assert [c.id for c in plain.cells] == [c.id for c in threaded.cells]
-    cell = scheduler.with_threads(plain.cells[0], 2)
-    assert cell.id == plain.cells[0].id and cell.options["threads"] == 2
+    assert threaded.cells[0].options["threads"] == 3 and "threads" not in plain.cells[0].options
+    # A worker's count travels beside the cell; the grid's own count wins over it.
+    assert Execution(2).threads_for(plain.cells[0]) == 2 and Execution(2).threads_for(threaded.cells[0]) == 3
 
 
 BAD_GRIDS = [
@@ -280,7 +282,7 @@ def test_workers_run_every_cell_once_and_a_rerun_trains_nothing(tmp_path, capsys
     dirs = sorted(p.name for p in out.iterdir() if p.is_dir())
     assert dirs == sorted(c.id for c in grid.cells)
     pids = set()
-    threads = max(1, scheduler.cpu_count() // 2)
+    threads = max(1, base.cpu_count() // 2)
     for cell in grid.cells:
         runs = attempts(out / cell.id)
         assert len(runs) == 1 and runs[0]["threads"] == threads and runs[0]["gpu"] is None
@@ -338,7 +340,7 @@ def test_each_worker_gets_its_own_gpu_or_shares_one_when_asked(tmp_path):
     grid = load_grid(path)
     for gpus, per_gpu in [(["0", "1"], 1), (["1", "0"], 2)]:
         out = tmp_path / f"out{per_gpu}"
-        scheduler.run_local(grid.cells, out, workers=2, gpus=gpus, cells_per_gpu=per_gpu, cell_fn=fake_cell)
+        local.run_local(grid.cells, out, workers=2, gpus=gpus, cells_per_gpu=per_gpu, cell_fn=fake_cell)
         gpu_of = {}
         for cell in grid.cells:
             run = attempts(out / cell.id)[0]
@@ -365,7 +367,7 @@ def test_busy_cells_are_skipped_and_reported(tmp_path, capsys):
         assert not attempts(out / held.id)
     finally:
         lock.release()
-    assert json.loads(json.dumps(scheduler.write_grid_json(out, grid.record())))["counts"]["pending"] == 1
+    assert json.loads(json.dumps(grid_state.write_grid_json(out, grid.record())))["counts"]["pending"] == 1
 
 
 def test_grid_json_is_rederived_from_the_run_directories(tmp_path):
@@ -377,7 +379,7 @@ def test_grid_json_is_rederived_from_the_run_directories(tmp_path):
     lock = CellLock(out / b.id)
     assert lock.acquire()
     try:
-        state = scheduler.write_grid_json(out, grid.record())
+        state = grid_state.write_grid_json(out, grid.record())
     finally:
         lock.release()
     status = {cell["id"]: cell["status"] for cell in state["cells"]}

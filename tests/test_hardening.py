@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 
 import ablate.train
-from ablate import scheduler
+from ablate import grid_state
+from ablate.backends import local
 from ablate.cli import build_parser, main
-from ablate.commands.grid import execute
+from ablate.grid_runner import ExecutionOptions, execute
 from ablate.grids import load_grid
 from ablate.rundir import CellLock, remove_stale_temporaries, replace_atomic, write_json_atomic
 
@@ -322,7 +323,7 @@ def test_busy_cells_are_reported_as_they_end_and_never_skipped(tmp_path, capsys,
     grid, out = load_grid(path), tmp_path / "out"
     calls = []
 
-    def cell_fn(cell, out_root, retries=0, quiet=True):
+    def cell_fn(cell, out_root, retries=0, quiet=True, execution=None):
         from ablate.cell import CellOutcome
 
         calls.append(cell.id)
@@ -338,7 +339,7 @@ def test_busy_cells_are_reported_as_they_end_and_never_skipped(tmp_path, capsys,
         write_json_atomic(run_dir / "summary.json", done)
         return CellOutcome(cell.id, "trained", done)
 
-    args = build_parser().parse_args(["grid", str(path), "--workers", "0", "--quiet"])
+    args = ExecutionOptions.from_args(build_parser().parse_args(["grid", str(path), "--workers", "0", "--quiet"]))
     assert execute(grid, out, args, cell_fn=cell_fn) == 0
     text = capsys.readouterr().out
     final = text.strip().splitlines()[-1]
@@ -352,11 +353,11 @@ def test_grid_json_updates_rederive_only_the_cells_that_changed(tmp_path, monkey
     path = tmp_path / "g.toml"
     path.write_text("[axes]\nseed = %s\n" % list(range(300)))
     grid, out = load_grid(path), tmp_path / "out"
-    grid_json = scheduler.GridJson(out, grid.record())
+    grid_json = grid_state.GridJson(out, grid.record())
     grid_json.write()
     derived = []
-    real = scheduler.cell_status
-    monkeypatch.setattr(scheduler, "cell_status", lambda root, cid: derived.append(cid) or real(root, cid))
+    real = grid_state.cell_status
+    monkeypatch.setattr(grid_state, "cell_status", lambda root, cid: derived.append(cid) or real(root, cid))
     done = grid.cells[7].id
     (out / done).mkdir()
     write_json_atomic(out / done / "summary.json", {"status": "completed"})
@@ -367,7 +368,7 @@ def test_grid_json_updates_rederive_only_the_cells_that_changed(tmp_path, monkey
     assert [c["id"] for c in state["cells"]] == [c.id for c in grid.cells]
     assert state["cells"][7] == {"id": done, "group": grid.cells[7].group, "status": "completed",
                                  "options": grid.cells[7].options}
-    assert state == {**scheduler.write_grid_json(out, grid.record()), "updated": state["updated"]}
+    assert state == {**grid_state.write_grid_json(out, grid.record()), "updated": state["updated"]}
 
 
 # ------------------------------------------------------------------ 10. thread counts on a rerun
@@ -375,7 +376,7 @@ def test_grid_json_updates_rederive_only_the_cells_that_changed(tmp_path, monkey
 
 @pytest.mark.slow
 def test_a_rerun_with_fewer_cells_left_keeps_the_recorded_thread_count(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(scheduler, "cpu_count", lambda: 2)  # as on a 2-core machine, wherever this runs
+    monkeypatch.setattr(local, "cpu_count", lambda: 2)  # as on a 2-core machine, wherever this runs
     path = tmp_path / "g.toml"
     path.write_text(textwrap.dedent("""
         [base]
@@ -388,7 +389,7 @@ def test_a_rerun_with_fewer_cells_left_keeps_the_recorded_thread_count(tmp_path,
         seed = [0, 1, 2]
     """))
     grid = load_grid(path)
-    args = build_parser().parse_args(["grid", str(path), "--workers", "2", "--quiet"])
+    args = ExecutionOptions.from_args(build_parser().parse_args(["grid", str(path), "--workers", "2", "--quiet"]))
     out = tmp_path / "out"
     assert execute(grid, out, args) == 0
     assert "3 to run on 2 workers, 1 thread each" in capsys.readouterr().out

@@ -10,10 +10,38 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ablate.cell import Cell
+from ablate.backends.base import Backend, RunResult, call_cell, fail_summary, record_payload
+from ablate.cell import Cell, Execution
 from ablate.errors import ConfigError
+from ablate.grid_state import refresh_grid_json
+from ablate.progress import Progress
 from ablate.rundir import SUMMARY, CellLock, read_json
-from ablate.scheduler import Progress, RunResult, _call, _fail_summary, record_payload, refresh_grid_json
+
+class RayBackend(Backend):
+    """One Ray task per cell with `cpus_per_cell` CPUs (default 1, also its torch threads)."""
+
+    name = "ray"
+
+    @property
+    def cpus(self) -> float:
+        return self.options.cpus_per_cell or 1.0
+
+    def check(self) -> None:
+        import_ray()
+
+    def prepare(self, todo: list[Cell]) -> None:
+        self.session = prepare(self.options.address, self.options.gpus_per_cell, self.cpus)
+
+    def threads_per_cell(self, todo: list[Cell]) -> int:
+        return max(1, int(self.cpus))
+
+    def describe(self, todo, executions) -> str:
+        return f"Ray ({self.options.address or 'local'})"
+
+    def run(self, todo, executions, progress, record, on_change, cell_fn=None) -> RunResult:
+        return run_ray(todo, self.out, retries=self.options.retries, cpus_per_cell=self.cpus, progress=progress,
+                       record=record, on_change=on_change, session=self.session, executions=executions)
+
 
 INSTALL_HINT = "the ray backend needs Ray, which is not installed; valid: pip install -e .[ray], or --backend local|slurm"
 
@@ -26,9 +54,9 @@ def import_ray():
     return ray
 
 
-def ray_cell_task(cell: Cell, out_root: str, retries: int, record: dict[str, Any] | None) -> tuple:
+def ray_cell_task(cell: Cell, execution: Execution, out_root: str, retries: int, record: dict[str, Any] | None) -> tuple:
     """What one Ray task runs (module level, so workers import it by name)."""
-    payload = _call(None, cell, out_root, retries)
+    payload = call_cell(None, cell, out_root, retries, execution)
     refresh_grid_json(out_root, record)
     return payload
 
@@ -86,6 +114,7 @@ def run_ray(
     on_change=None,
     poll_s: float = 1.0,
     session: tuple | None = None,
+    executions: dict[str, Execution] | None = None,
 ) -> RunResult:
     """Submit each of `cells` (the unfinished ones) as a Ray task and wait for them all.
     `gpus_per_cell` None means 1 when the cluster has GPUs, else 0; a fraction packs small
@@ -101,7 +130,9 @@ def run_ray(
         task = ray.remote(ray_cell_task).options(
             num_cpus=cpus_per_cell, num_gpus=gpus_per_cell, max_retries=retries, name="ablate-cell")
         record_ref = ray.put(record) if record is not None else None
-        refs = {task.remote(cell, out_root, retries, record_ref): cell for cell in cells}
+        executions = executions or {}
+        refs = {task.remote(cell, executions.get(cell.id) or Execution(max(1, int(cpus_per_cell))), out_root, retries, record_ref): cell
+                for cell in cells}
         progress.note(f"submitted {len(refs)} Ray tasks ({cpus_per_cell:g} CPU, {gpus_per_cell:g} GPU each)")
         started = {ref: time.time() for ref in refs}
         last_poll = 0.0
@@ -117,7 +148,7 @@ def run_ray(
                         payload = ("done", "trained", read_json(summary_path))
                     else:
                         error = f"Ray task lost: {type(e).__name__}"
-                        payload = ("done", "trained", _fail_summary(out_root, cell, error, retries + 1))
+                        payload = ("done", "trained", fail_summary(out_root, cell, error, retries + 1))
                 record_payload(progress, result, None, cell, payload, time.time() - started[ref])
                 on_change()
             on_change(idle=True)

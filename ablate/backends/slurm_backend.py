@@ -28,16 +28,54 @@ from typing import Any
 
 from ablate.backends import slurm_tools
 from ablate.backends.slurm_job import SlurmCellJob
-from ablate.cell import Cell, finished_status
+from ablate.backends.base import Backend, RunResult, record_payload
+from ablate.cell import Cell, Execution, finished_status
 from ablate.errors import ConfigError
+from ablate.progress import Progress
 from ablate.rundir import SUMMARY, read_json, write_json_atomic
-from ablate.scheduler import Progress, RunResult, record_payload
 
 INSTALL_HINT = "the slurm backend needs submitit, which is not installed; valid: pip install -e .[slurm], or --backend local|ray"
 CLUSTERS = ("slurm", "local", "debug")
 JOBS_FILE = "jobs.json"
 
-__all__ = ["SlurmCellJob", "import_submitit", "make_executor", "run_slurm", "signal_delay_s"]
+__all__ = ["SlurmBackend", "SlurmCellJob", "import_submitit", "make_executor", "run_slurm", "signal_delay_s"]
+
+
+class SlurmBackend(Backend):
+    """The cells as one SLURM job array (submitit), each task with `cpus_per_cell` CPUs."""
+
+    name = "slurm"
+
+    def check(self) -> None:
+        import_submitit()
+
+    def prepare(self, todo: list[Cell]) -> None:
+        o = self.options
+        gpus_per_job = o.gpus_per_job if o.gpus_per_job is not None else (0 if self.grid.scale == "cpu" else 1)
+        self.executor = make_executor(Path(o.slurm_folder or self.out / ".submitit").resolve(), cluster=o.slurm_cluster,
+                                      partition=o.partition, time_min=o.time, gpus_per_job=gpus_per_job,
+                                      cpus_per_cell=o.cpus_per_cell, name=f"ablate-{self.grid.name}",
+                                      array_parallelism=o.array_parallelism)
+
+    def threads_per_cell(self, todo: list[Cell]) -> int | None:
+        cpus = self.options.cpus_per_cell
+        return max(1, int(cpus)) if cpus else None  # None: the job's allocation decides
+
+    def describe(self, todo, executions) -> str:
+        return f"submitit {self.options.slurm_cluster}"
+
+    @property
+    def detached(self) -> bool:
+        return self.options.no_wait
+
+    def run(self, todo, executions, progress, record, on_change, cell_fn=None) -> RunResult:
+        return run_slurm(todo, self.out, retries=self.options.retries, cluster=self.options.slurm_cluster,
+                         wait=not self.options.no_wait, progress=progress, record=record, on_change=on_change,
+                         executor=self.executor, executions=executions)
+
+
+def _executions(cells: list[Cell], executions: dict[str, Execution] | None) -> list[Execution]:
+    return [(executions or {}).get(c.id) or Execution() for c in cells]
 
 
 def import_submitit():
@@ -128,11 +166,11 @@ def read_jobs(folder: Path) -> dict[str, str]:
     return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
-def _submit(executor, cells: list[Cell], out_root: str, retries: int, record) -> list[str]:
+def _submit(executor, cells: list[Cell], out_root: str, retries: int, record, executions) -> list[str]:
     n = len(cells)
     try:
         job = SlurmCellJob(margin_s=getattr(executor, "ablate_margin_s", 90.0))
-        jobs = executor.map_array(job, cells, [out_root] * n, [retries] * n, [record] * n)
+        jobs = executor.map_array(job, cells, _executions(cells, executions), [out_root] * n, [retries] * n, [record] * n)
     except Exception as e:  # noqa: BLE001  (sbatch said no after check_request said yes)
         detail = getattr(e, "stderr", None) or getattr(e, "output", None) or str(e)
         if isinstance(detail, bytes):
@@ -188,9 +226,11 @@ def run_slurm(
     on_change=None,
     poll_s: float | None = None,
     executor=None,
+    executions: dict[str, Execution] | None = None,
 ) -> RunResult:
     """Submit `cells` (the unfinished ones) as a job array, except those a job from an earlier
-    run still queues or trains, and with `wait` follow them all to the end."""
+    run still queues or trains, and with `wait` follow them all to the end. `executions`: cell id -> its Execution
+    (a cell without one trains on the CPUs its job was allocated)."""
     out_root = str(Path(out_root).resolve())
     progress = progress or Progress("grid", len(cells), 0, quiet=True)
     on_change = on_change or (lambda idle=False: None)
@@ -201,14 +241,16 @@ def run_slurm(
                                          array_parallelism=array_parallelism)
     folder = Path(executor.folder)
     if cluster != "slurm":
-        return _run_unqueued(executor, cluster, cells, out_root, retries, wait, progress, record, on_change, poll_s)
+        return _run_unqueued(executor, cluster, cells, out_root, retries, wait, progress, record, on_change, poll_s,
+                             executions)
     try:
-        return _run_queued(executor, folder, cells, out_root, retries, wait, progress, record, on_change, poll_s)
+        return _run_queued(executor, folder, cells, out_root, retries, wait, progress, record, on_change, poll_s,
+                           executions)
     finally:
         progress.close()
 
 
-def _run_queued(executor, folder: Path, cells, out_root, retries, wait, progress, record, on_change, poll_s):
+def _run_queued(executor, folder: Path, cells, out_root, retries, wait, progress, record, on_change, poll_s, executions):
     result = RunResult({}, [], [])
     with _SubmitLock(folder):
         jobs = read_jobs(folder)
@@ -218,7 +260,7 @@ def _run_queued(executor, folder: Path, cells, out_root, retries, wait, progress
         follow = {c.id: jobs[c.id] for c in cells if slurm_tools.is_active(states.get(jobs.get(c.id, "")))}
         new = [c for c in cells if c.id not in follow]
         if new:
-            ids = _submit(executor, new, out_root, retries, record)
+            ids = _submit(executor, new, out_root, retries, record, executions)
             follow.update(zip((c.id for c in new), ids))
             jobs.update(zip((c.id for c in new), ids))
             write_json_atomic(folder / JOBS_FILE, jobs)
@@ -271,11 +313,12 @@ def _run_queued(executor, folder: Path, cells, out_root, retries, wait, progress
     return result
 
 
-def _run_unqueued(executor, cluster, cells, out_root, retries, wait, progress, record, on_change, poll_s):
+def _run_unqueued(executor, cluster, cells, out_root, retries, wait, progress, record, on_change, poll_s, executions):
     """submitit's local or debug executor: follow its own job objects."""
     result = RunResult({}, [], [])
     n = len(cells)
-    jobs = executor.map_array(SlurmCellJob(), cells, [out_root] * n, [retries] * n, [record] * n)
+    jobs = executor.map_array(SlurmCellJob(), cells, _executions(cells, executions), [out_root] * n, [retries] * n,
+                              [record] * n)
     array_id = jobs[0].job_id.split("_")[0] if jobs else "?"
     progress.note(f"submitted {n} {cluster} array tasks as job {array_id} (logs in {executor.folder})")
     if not wait:

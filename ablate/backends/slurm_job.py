@@ -22,10 +22,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ablate.cell import Cell
+from ablate.backends.base import call_cell, cpu_count
+from ablate.cell import Cell, Execution
 from ablate.backends.slurm_tools import parse_seconds
 from ablate.rundir import SUMMARY
-from ablate.scheduler import _call, cpu_count, refresh_grid_json, with_threads
+from ablate.grid_state import refresh_grid_json
 
 
 def slurm_job_id() -> str | None:
@@ -123,17 +124,18 @@ class SlurmCellJob:
     def __init__(self, margin_s: float = 90.0):
         self.margin_s = margin_s
 
-    def __call__(self, cell: Cell, out_root: str, retries: int, record: dict[str, Any] | None) -> tuple:
+    def __call__(self, cell: Cell, execution: Execution, out_root: str, retries: int,
+                 record: dict[str, Any] | None) -> tuple:
         job_id = slurm_job_id()
         watch = _TimeLimitWatch(job_id, self.margin_s)
         try:
             watch.install()
         except ValueError:  # not the main thread: no signals
             pass
-        if job_id:
-            cell = with_threads(cell, allocated_cpus())  # yields to a resumed run's recorded count
+        if job_id and execution.threads is None:
+            execution = Execution(allocated_cpus())  # yields to a resumed run's recorded count
         try:
-            payload = _call(None, cell, out_root, retries)
+            payload = call_cell(None, cell, out_root, retries, execution)
         finally:
             if not watch.warned.is_set():  # once warned, SIGTERM keeps coming until we exit
                 watch.uninstall()

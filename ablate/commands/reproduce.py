@@ -157,19 +157,19 @@ def run(args) -> int:
 
 def _plan(claim, out: Path, scale: str, overrides: dict):
     """The loaded grid, refused before anything is written if it or --out is bad."""
-    from ablate.commands.grid import check_out
+    from ablate.grid_runner import check_grid
     from ablate.grids import load_grid
 
     grid = load_grid(claim.grid, scale, overrides)
-    check_out(grid, out)
+    check_grid(grid, out)
     return grid
 
 
 def reproduce(claim, out: Path, scale: str, overrides: dict, args, grid=None):
-    """Run the claim's grid in this process's scheduler, then write its report and verdict.
-    Returns (exit status, Verdict or None)."""
+    """Run the claim's grid (ablate.grid_runner, local workers), then write its report and
+    verdict. Returns (exit status, Verdict or None)."""
     from ablate.analysis.claim_report import write_claim_report
-    from ablate.commands.grid import run_grid
+    from ablate.grid_runner import ExecutionOptions, run_grid
 
     grid = grid or _plan(claim, out, scale, overrides)
     workers = args.workers if args.workers is not None else (1 if scale == "gpu" else
@@ -183,7 +183,7 @@ def reproduce(claim, out: Path, scale: str, overrides: dict, args, grid=None):
         print(f"estimated time: about {_minutes(quick_seconds(grid, max(1, workers)))} on {max(1, workers)} CPU "
               "core(s)", flush=True)
     t0 = time.time()
-    status = run_grid(grid, out, workers=workers, quiet=args.quiet)
+    status = run_grid(grid, out, ExecutionOptions(workers=workers, quiet=args.quiet))
     if status == 2:
         return status, None
     report, verdict = write_claim_report(claim, out)
