@@ -55,21 +55,25 @@ class Cell:
 
     @classmethod
     def from_options(cls, options: dict[str, Any], id_keys=(), axes=None, grid=None, keep_defaults: bool = False,
-                     cfg: TrainConfig | None = None, group: str | None = None, seed: int | None = None) -> "Cell":
+                     cfg: TrainConfig | None = None, group: str | None = None, seed: int | None = None,
+                     plugins: tuple[str, ...] | None = None) -> "Cell":
         """keep_defaults: name the cell by every id key, also one at its default (see group_id).
         The cell carries the plugins this process imported (they defined its values).
         cfg, group, seed: `resolve(options)` (a setting's config, shared by its seeds, with the
         cell's `seed` apart), its group_id, when the caller has them (a grid resolves each
-        setting once)."""
-        from ablate import plugins
+        setting once); plugins: what ablate.plugins.requested() says, when the caller has it."""
+        if plugins is None:
+            from ablate import plugins as loaded
 
+            plugins = loaded.requested()
         cfg = cfg if cfg is not None else resolve(options)  # raises ConfigError on anything invalid
         seed = cfg.seed if seed is None else seed
         group = group if group is not None else group_id(cfg, id_keys, keep_defaults)
         given = frozenset(options)
         given = _GIVEN.setdefault(given, given)  # one copy per set of names, not one per cell
-        setting_axes = {k: v for k, v in (axes or {}).items() if k != "seed"}
-        return cls(cfg, seed, f"{group}__seed={seed}", group, setting_axes, grid, given, plugins.requested())
+        axes = axes or {}
+        setting_axes = {k: v for k, v in axes.items() if k != "seed"} if "seed" in axes else axes  # shared, not copied
+        return cls(cfg, seed, f"{group}__seed={seed}", group, setting_axes, grid, given, plugins)
 
     @property
     def config(self) -> TrainConfig:

@@ -441,16 +441,26 @@ def load_grid(grid: str | Path, scale: str = DEFAULT_SCALE, overrides: Mapping[s
     candidates: list[dict] = []
     refused: list[str] = []
     keys = list(axes)
+    not_seed = [i for i, k in enumerate(keys) if k != "seed"]
+    # A crossing's config depends on its values but the seed: resolved once per setting, so a
+    # grid of a million seeds resolves (and refuses) each setting once, not per seed.
+    setting_of: dict[tuple, Any] = {}
     for combo in itertools.product(*(axes[k] for k in keys)):
         options = {**base, **dict(zip(keys, combo))}
-        try:
-            cfg = resolver.base(options, strict=False)
-        except ConfigError as e:
-            refused.append(f"{_describe(dict(zip(keys, combo)))}: {' '.join(str(e).split())}")
+        setting = tuple(combo[i] for i in not_seed)
+        cfg = setting_of.get(setting)
+        if cfg is None:
+            try:
+                cfg = setting_of[setting] = resolver.base(options, strict=False)
+            except ConfigError as e:
+                cfg = setting_of[setting] = f"{' '.join(str(e).split())}"
+        if isinstance(cfg, str):
+            refused.append(f"{_describe(dict(zip(keys, combo)))}: {cfg}")
             continue
-        if any(_matches(cfg, entry, options.get("seed", cfg.seed)) for entry in exclude):
+        if exclude and any(_matches(cfg, entry, options.get("seed", cfg.seed)) for entry in exclude):
             continue
         candidates.append(options)
+    del setting_of
     for i, entry in enumerate(include):
         candidates.extend({**base, **combo} for combo in _cross(entry))
     combinations = len(candidates)
@@ -460,23 +470,33 @@ def load_grid(grid: str | Path, scale: str = DEFAULT_SCALE, overrides: Mapping[s
     seen: dict[tuple, int] = {}
     duplicates: list[tuple[str, str]] = []
     identity: dict[int, tuple] = {}  # id(config without seed) -> _identity of it
+    # The options but the seed -> (the options as resolved, but the seed; their config): the
+    # same for every seed of a setting, so worked out once per setting.
+    settled: dict[frozenset, tuple[dict, TrainConfig]] = {}
     for given in candidates:
         options = {**given, **overrides}
-        try:
-            cfg = resolver.base(options, strict=False)
-        except ConfigError as e:  # an override contradicting a crossing
-            refused.append(f"{_describe(_diff(options, base))}: {' '.join(str(e).split())}")
-            continue
-        asked = options
-        # Record the axes as they resolve: a gated MLP's `act` is None, not the crossed value.
-        spec_axes = resolver.axes(cfg)
-        if any(key in options and options[key] != spec_axes[key] for key in AXES):
-            options = {**options, **{key: spec_axes[key] for key in AXES if key in options}}
-            cfg = resolver.base(options, strict=False)
-        try:
-            resolver.base(options)  # as one run: how the cell is resolved again when it trains
-        except ConfigError:  # an axis written in `variant` (act=relu) that the crossing dropped
-            options = {**options, "variant": cfg.spec.id}
+        key = frozenset((k, v) for k, v in options.items() if k != "seed")
+        if key in settled:
+            rest, cfg = settled[key]
+            options = {**rest, "seed": options["seed"]} if "seed" in options else rest
+        else:
+            try:
+                cfg = resolver.base(options, strict=False)
+            except ConfigError as e:  # an override contradicting a crossing
+                refused.append(f"{_describe(_diff(options, base))}: {' '.join(str(e).split())}")
+                continue
+            # Record the axes as they resolve: a gated MLP's `act` is None, not the crossed value.
+            spec_axes = resolver.axes(cfg)
+            if any(k in options and options[k] != spec_axes[k] for k in AXES):
+                options = {**options, **{k: spec_axes[k] for k in AXES if k in options}}
+                cfg = resolver.base(options, strict=False)
+            try:
+                resolver.base(options)  # as one run: how the cell is resolved again when it trains
+            except ConfigError:  # an axis written in `variant` (act=relu) that the crossing dropped
+                options = {**options, "variant": cfg.spec.id}
+                cfg = resolver.base(options, strict=False)  # the cell's config names the block it trains
+            settled[key] = ({k: v for k, v in options.items() if k != "seed"}, cfg)
+        asked = {**given, **overrides}
         seed = options.get("seed", cfg.seed)
         if id(cfg) not in identity:
             identity[id(cfg)] = _identity(cfg)
@@ -486,7 +506,7 @@ def load_grid(grid: str | Path, scale: str = DEFAULT_SCALE, overrides: Mapping[s
             continue
         seen[ident] = len(kept)
         kept.append((options, cfg, seed))
-    del candidates, seen
+    del candidates, seen, settled
     if not kept:
         why = f" ({len(refused)} crossings refused, e.g. {refused[0]})" if refused else (
             " (every crossing is excluded)" if exclude and not include else "")
@@ -505,6 +525,9 @@ def load_grid(grid: str | Path, scale: str = DEFAULT_SCALE, overrides: Mapping[s
                 "(split the grid, or fix some of these options in [base])")
     setting_axes: dict[int, tuple] = {}  # id(config without seed) -> (the cell's axes but its seed, group)
     cells: list[Cell] = []
+    from ablate import plugins
+
+    requested = plugins.requested()  # the plugins behind every cell's values, the same for all
     configs = CellConfigs()
     ids: dict[str, int] = {}
     for i, (options, base_cfg, seed) in enumerate(kept):
@@ -516,7 +539,7 @@ def load_grid(grid: str | Path, scale: str = DEFAULT_SCALE, overrides: Mapping[s
         # Named by every option that varies in the grid, default values included: a train run
         # leaves `warmup=0` out of its id, but a grid crossing warmup 0 and 100 names both.
         cell = Cell.from_options(options, id_keys=varying_options, axes=shared, grid=raw["name"],
-                                 keep_defaults=True, cfg=base_cfg, group=group, seed=seed)
+                                 keep_defaults=True, cfg=base_cfg, group=group, seed=seed, plugins=requested)
         if "/" in cell.id or cell.id.startswith("."):
             raise _fail(source, "", f"cell id {cell.id!r} is not a folder name (an option that varies has a "
                                     "'/' in its value); valid: vary options whose values have no '/'")

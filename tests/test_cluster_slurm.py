@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from ablate.backends.slurm_job import read_result
+
 from cluster_helpers import (assert_complete, engine_missing, grid_process, logged_steps, metrics, run_grid,
                              steps_per_second, trained_ids, wait_until, without_timing, write_grid)
 
@@ -78,6 +80,8 @@ def test_four_cells_submitted_as_one_array_left_and_collected_by_a_rerun(tmp_pat
     assert_complete(grid, out, 12)
     for job_id in jobs.values():  # each task ran once: one start in its log, no requeue
         assert job_logs(out, job_id).count("Starting with JobEnvironment") == 1, job_logs(out, job_id)
+        # ...and left its payload as JSON, which the grid process reads instead of submitit's pickle
+        assert read_result(out / ".submitit", job_id)[0] == "done"
     rc, text = run_grid(*argv, env=ENV)
     assert rc == 0 and "nothing to run" in text, text
 

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from ablate.backends.slurm_backend import signal_delay_s
-from ablate.backends.slurm_job import parse_seconds
+from ablate.backends.slurm_job import parse_seconds, result_path
 from ablate.backends.slurm_tools import _sbatch_errors, is_active, parse_minutes
 from cluster_helpers import metrics, without_timing, write_grid
 
@@ -128,3 +128,24 @@ def test_a_task_stopped_without_a_deadline_near_reports_where_it_stopped(tmp_pat
     assert "RESULT ('error', 'job 80 was stopped (interrupted by SIGTERM after step" in stdout
     assert not (bin_dir / "scontrol.calls").exists()
     assert (out / cell.id / "checkpoint.pt").exists()
+
+
+class _Planted:
+    def __reduce__(self):
+        return (os.system, ("touch planted-by-a-pickle",))
+
+
+def test_the_grid_process_reads_a_tasks_json_result_and_never_unpickles_submitits(tmp_path, monkeypatch):
+    from ablate.backends.slurm_backend import _result_payload
+
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / ".submitit"
+    folder.mkdir()
+    # What someone with write access to the shared folder could leave as submitit's result file.
+    (folder / "7_3_0_result.pkl").write_bytes(pickle.dumps(("success", _Planted())))
+    assert _result_payload(folder, "7_3") is None
+    result_path(folder, "7_3").write_text(json.dumps(["done", "trained", {"status": "completed"}]))
+    assert _result_payload(folder, "7_3") == ("done", "trained", {"status": "completed"})
+    result_path(folder, "7_4").write_text(json.dumps({"not": "a payload"}))
+    assert _result_payload(folder, "7_4") is None
+    assert not (tmp_path / "planted-by-a-pickle").exists()

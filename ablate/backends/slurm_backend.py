@@ -183,19 +183,12 @@ def _submit(executor, cells: list[Cell], out_root: str, retries: int, record, ex
 
 
 def _result_payload(folder: Path, job_id: str) -> tuple | None:
-    """What the task returned (its submitit result file), or None if it wrote none."""
-    from submitit.core.utils import JobPaths, pickle_load
+    """What the task returned, from the JSON file it writes beside submitit's logs
+    (slurm_job.result_path), or None if it wrote none. submitit's own result pickle is never
+    read: unpickling a file in a shared folder would run whatever code someone put there."""
+    from ablate.backends.slurm_job import read_result
 
-    path = JobPaths(folder, job_id=job_id, task_id=0).result_pickle
-    if not path.exists():
-        return None
-    try:
-        kind, value = pickle_load(path)
-    except Exception:  # noqa: BLE001  (cut short by the node dying)
-        return None
-    if kind == "success" and isinstance(value, tuple):
-        return value
-    return ("error", f"job {job_id} raised: {' '.join(str(value).split())[-200:]}")
+    return read_result(folder, job_id)
 
 
 def _ended_payload(folder: Path, job_id: str, state: str | None) -> tuple:
@@ -333,7 +326,11 @@ def _run_unqueued(executor, cluster, cells, out_root, retries, wait, progress, r
                     continue
                 del todo[job_id]
                 try:
-                    payload = job.result()
+                    # The debug executor runs the task in this process and hands its value back
+                    # from memory; the others leave the task's JSON result in the folder.
+                    payload = job.result() if cluster == "debug" else _result_payload(Path(executor.folder), job_id)
+                    if payload is None:
+                        raise RuntimeError("the task wrote no result")
                 except Exception as e:  # noqa: BLE001
                     summary_path = Path(out_root) / cell.id / SUMMARY
                     if summary_path.exists():

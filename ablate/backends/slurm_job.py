@@ -25,7 +25,7 @@ from typing import Any
 from ablate.backends.base import call_cell, cpu_count
 from ablate.cell import Cell, Execution
 from ablate.backends.slurm_tools import parse_seconds
-from ablate.rundir import SUMMARY
+from ablate.rundir import SUMMARY, read_json, write_json_atomic
 from ablate.grid_state import refresh_grid_json
 
 
@@ -154,4 +154,38 @@ class SlurmCellJob:
             payload = ("error", f"job {job_id or '?'} was stopped ({payload[1].split(';')[0]}); "
                                 "rerun the grid to resume")
         refresh_grid_json(out_root, record)
+        _write_result(payload)
         return payload
+
+
+RESULT_SUFFIX = "_ablate_result.json"
+
+
+def result_path(folder: str | Path, job_id: str) -> Path:
+    """Where an array task leaves its payload for the grid process: plain JSON beside submitit's
+    logs, so the grid process never unpickles a file of the shared folder."""
+    return Path(folder) / f"{job_id}{RESULT_SUFFIX}"
+
+
+def _write_result(payload: tuple) -> None:
+    try:
+        import submitit
+
+        env = submitit.JobEnvironment()
+        folder, job_id = env.paths.folder, env.job_id
+    except Exception:  # noqa: BLE001  (not inside a submitit job: a direct call, a test)
+        return
+    try:
+        write_json_atomic(result_path(folder, job_id), list(payload))
+    except (OSError, ValueError, TypeError):
+        pass  # the summary.json on disk still tells the grid process what happened
+
+
+def read_result(folder: str | Path, job_id: str) -> tuple | None:
+    try:
+        value = read_json(result_path(folder, job_id))
+    except (OSError, ValueError):
+        return None
+    if isinstance(value, list) and value and value[0] in ("done", "refused", "error", "interrupted"):
+        return tuple(value)
+    return None

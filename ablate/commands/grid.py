@@ -9,6 +9,8 @@ Exit status: 0 when every cell ended completed or diverged (or runs in another p
 """
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 from ablate.backends import BACKENDS
@@ -78,10 +80,13 @@ def dry_run(grid, out: Path) -> int:
     if grid.overrides:
         print("--set: " + ", ".join(f"{k}={v}" for k, v in grid.overrides.items()))
     print(f"  {'status':<10}{'model':<12}{'layers':>6}{'steps':>7}  cell")
+    present = set(os.listdir(out)) if out.is_dir() else set()  # one listing, not a stat per cell
+    lines = []
     for cell in grid.cells:
-        cfg = grid.configs.setting(cell.id)
-        status = cell_status(out, cell.id) if out.exists() else "pending"
-        print(f"  {status:<10}{cfg.model:<12}{cfg.size.n_layer:>6}{cfg.steps:>7}  {cell.id}")
+        cfg = cell.setting
+        status = cell_status(out, cell.id) if cell.id in present else "pending"
+        lines.append(f"  {status:<10}{cfg.model:<12}{cfg.size.n_layer:>6}{cfg.steps:>7}  {cell.id}\n")
+    sys.stdout.write("".join(lines))
     if grid.duplicates:
         print("duplicates (train the same config as the cell shown, so they run once):")
         for described, kept in grid.duplicates:
