@@ -95,7 +95,7 @@ def test_a_small_grid_runs_once_per_distinct_cell_and_a_rerun_trains_nothing(tmp
 
 
 def test_kill_9_mid_grid_then_rerun_loses_and_duplicates_nothing(tmp_path):
-    steps = 120  # long enough that the kill lands mid-grid even on a fast machine
+    steps = 60  # long enough that the kill lands mid-grid even on a fast machine (it lands at step ~4)
     path = write_grid(tmp_path, "seed = [0, 1, 2]\n", steps=steps)
     grid, out = load_grid(path), tmp_path / "out"
     proc = cli(path, "--out", out, "--workers", "2", "--quiet")

@@ -5,7 +5,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -125,8 +124,7 @@ def _wait_for_steps(path, n, proc, timeout=120):
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
 def test_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, how):
-    ref = _cli(*CLI_ARGS, "--out", str(tmp_path / "ref"))
-    assert ref.wait() == 0, ref.communicate()
+    ref = _cli(*CLI_ARGS, "--out", str(tmp_path / "ref"))  # the uninterrupted run, on the other core meanwhile
     proc = _cli(*CLI_ARGS, "--out", str(tmp_path / "cut"))
     cell = "pre.layernorm.gelu.dense.res__batch_size=4__seq_len=32__steps=40__seed=0"
     _wait_for_steps(tmp_path / "cut" / cell / "metrics.jsonl", 21, proc)
@@ -136,6 +134,7 @@ def test_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, how):
     assert (tmp_path / "cut" / cell / "checkpoint.pt").exists()
     again = _cli(*CLI_ARGS, "--out", str(tmp_path / "cut"))
     assert again.wait() == 0, again.communicate()
+    assert ref.wait() == 0, ref.communicate()
     cut, full = metrics(tmp_path / "cut" / cell), metrics(tmp_path / "ref" / cell)
     assert [r["step"] for r in cut] == list(range(40))
     assert without_timing(cut) == without_timing(full)

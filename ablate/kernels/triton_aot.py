@@ -210,10 +210,32 @@ def compile_launch(launch: Launch, arch: int) -> Compiled:
         return Compiled(launch.label(), time.perf_counter() - t, f"{type(e).__name__}: {lines[-1]}{where}")
 
 
-def compile_all(arch: int = 90) -> list[Compiled]:
+_FORKED: tuple[list, int] = ([], 90)  # (launches, arch) for forked compile workers
+
+
+def _compile_nth(i: int) -> Compiled:
+    launches_, arch = _FORKED
+    return compile_launch(launches_[i], arch)
+
+
+def compile_all(arch: int = 90, workers: int | None = None) -> list[Compiled]:
+    """Compile every specialization, on `workers` forked processes (default: one per CPU the
+    process may use): each compile is independent, CPU-bound and holds the GIL in Python."""
+    global _FORKED
     # Triton 3.9 warns once when this is unset; the GPU backend runs with its default (fused).
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    return [compile_launch(launch, arch) for launch in launches()]
+    todo = launches()
+    workers = workers or len(os.sched_getaffinity(0))
+    if workers <= 1 or len(todo) < 2:
+        return [compile_launch(launch, arch) for launch in todo]
+    import multiprocessing as mp
+
+    _FORKED = (todo, arch)  # children inherit the launches (kernel objects do not pickle)
+    try:
+        with mp.get_context("fork").Pool(min(workers, len(todo))) as pool:
+            return pool.map(_compile_nth, range(len(todo)))
+    finally:
+        _FORKED = ([], arch)
 
 
 def main(argv=None) -> int:
