@@ -21,9 +21,9 @@ DEFAULT_ROOT = Path("runs") / "claims"
 # reach at best. Stated with the estimate, which is a lower bound on the time.
 ASSUMED_PEAK_FLOPS, ASSUMED_MFU = 990e12, 0.30
 # The --quick cost model of one cell on one CPU thread at tiny width (64, context 64), fitted
-# by least squares to the wall times of the 150 completed cells of a real `ablate reproduce
-# all --quick` on this project's 2-core machine (median error 12%; that machine was shared
-# with other work, so the estimates lean high): seconds = FIXED_SECONDS + steps / 300 x
+# by least squares to the wall times of 119 completed cells of a real `ablate reproduce all
+# --quick` on this project's 2-core machine (median error 12% over all 155 completed cells of
+# that run; the machine was shared with other work, so the estimates lean high): seconds = FIXED_SECONDS + steps / 300 x
 # batch / 16 x (CELL_SECONDS + BLOCK_SECONDS x blocks x MLP factor), the MLP factor being the
 # block's weights relative to a 4x MLP's, (4 + 2 x mlp_ratio) / 12. FIXED_SECONDS is what a
 # cell costs whatever its steps (start-up, the final evaluation over 32 batches).
