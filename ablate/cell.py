@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ablate.config import TrainConfig, group_id, resolve, with_seed
+from ablate.config import TrainConfig, group_id, resolve, seeded_id, with_seed
 from ablate.errors import ConfigError
 from ablate.rundir import SUMMARY, CellLock, read_json, remove_stale_temporaries, replace_atomic, write_json_atomic
 
@@ -73,7 +73,7 @@ class Cell:
         given = _GIVEN.setdefault(given, given)  # one copy per set of names, not one per cell
         axes = axes or {}
         setting_axes = {k: v for k, v in axes.items() if k != "seed"} if "seed" in axes else axes  # shared, not copied
-        return cls(cfg, seed, f"{group}__seed={seed}", group, setting_axes, grid, given, plugins)
+        return cls(cfg, seed, seeded_id(group, seed), group, setting_axes, grid, given, plugins)
 
     @property
     def config(self) -> TrainConfig:

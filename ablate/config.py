@@ -344,7 +344,12 @@ def group_id(cfg: TrainConfig, id_keys: tuple[str, ...] | list[str] = (), keep_d
 
 
 def cell_id(cfg: TrainConfig, id_keys: tuple[str, ...] | list[str] = (), keep_defaults: bool = False) -> str:
-    return f"{group_id(cfg, id_keys, keep_defaults)}__seed={cfg.seed}"
+    return seeded_id(group_id(cfg, id_keys, keep_defaults), cfg.seed)
+
+
+def seeded_id(group: str, seed: int) -> str:
+    """A cell's id: its group id (group_id) and its seed."""
+    return f"{group}__seed={seed}"
 
 
 _FIELDS = tuple(f.name for f in fields(TrainConfig))

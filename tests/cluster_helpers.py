@@ -93,6 +93,16 @@ def wait_until(predicate, timeout: float, what: str, poll: float = 0.2) -> None:
     raise AssertionError(f"not within {timeout} s: {what}")
 
 
+def killable_grid(tmp: Path, name: str, seconds: float = 5.0) -> tuple[Path, int]:
+    """A 2-cell grid whose cells train about `seconds` each here, checkpointing six times: a
+    kill a third of the way in lands mid-cell. Returns (grid file, steps per cell)."""
+    batch_size, seq_len = 8, 64
+    steps = int(steps_per_second(tmp, batch_size, seq_len) * seconds)
+    path = write_grid(tmp, "seed = [0, 1]\n", steps=steps, name=name, batch_size=batch_size, seq_len=seq_len,
+                      checkpoint_every=max(steps // 6, 1))
+    return path, steps
+
+
 def steps_per_second(tmp: Path, batch_size: int, seq_len: int) -> float:
     """This machine's training rate for the tiny cell, now (the cluster tests size a cell that
     must outlast a time limit by it)."""

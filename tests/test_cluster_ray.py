@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster_helpers import (assert_complete, engine_missing, grid_process, logged_steps, run_grid,
-                             steps_per_second, trained_ids, wait_until, write_grid)
+from cluster_helpers import (assert_complete, engine_missing, grid_process, killable_grid, logged_steps, run_grid,
+                             trained_ids, wait_until, write_grid)
 
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray")
@@ -53,10 +53,7 @@ def test_a_grid_runs_on_the_running_cluster(tmp_path):
 def test_a_killed_ray_worker_is_retried_and_every_step_is_logged_once(tmp_path):
     from ablate.grids import load_grid
 
-    batch_size, seq_len = 8, 64
-    steps = int(steps_per_second(tmp_path, batch_size, seq_len) * 5)  # ~5 s per cell: the kill lands a third of the way in
-    path = write_grid(tmp_path, "seed = [0, 1]\n", steps=steps, name="kill", batch_size=batch_size,
-                      seq_len=seq_len, checkpoint_every=max(steps // 6, 1))
+    path, steps = killable_grid(tmp_path, "kill")
     grid, out = load_grid(path), tmp_path / "out"
     proc = grid_process(path, "--out", out, "--backend", "ray", "--address", "auto", "--quiet")
     victim = grid.cells[0]

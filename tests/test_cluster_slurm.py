@@ -16,8 +16,8 @@ import pytest
 
 from ablate.backends.slurm_job import read_result
 
-from cluster_helpers import (assert_complete, engine_missing, grid_process, logged_steps, metrics, run_grid,
-                             steps_per_second, trained_ids, wait_until, without_timing, write_grid)
+from cluster_helpers import (assert_complete, engine_missing, grid_process, killable_grid, logged_steps, metrics,
+                             run_grid, steps_per_second, trained_ids, wait_until, without_timing, write_grid)
 
 pytestmark = pytest.mark.slow
 
@@ -121,10 +121,7 @@ def test_a_cell_longer_than_its_time_limit_is_requeued_and_resumes_bit_for_bit(t
 def test_a_cancelled_array_task_is_reported_and_a_rerun_recovers_it(tmp_path):
     from ablate.grids import load_grid
 
-    batch_size, seq_len = 8, 64
-    steps = int(steps_per_second(tmp_path, batch_size, seq_len) * 5)  # ~5 s per cell: the kill lands a third of the way in
-    path = write_grid(tmp_path, "seed = [0, 1]\n", steps=steps, name="cancel", batch_size=batch_size,
-                      seq_len=seq_len, checkpoint_every=max(steps // 6, 1))
+    path, steps = killable_grid(tmp_path, "cancel")
     grid, out = load_grid(path), tmp_path / "out"
     argv = [path, "--out", out, "--backend", "slurm", "--time", "5", "--quiet"]
     proc = grid_process(*argv, env=ENV)

@@ -61,9 +61,13 @@ class LocalBackend(Backend):
 
     def run(self, todo, executions, progress, record, on_change, cell_fn=None) -> RunResult:
         o = self.options
-        result = run_local(todo, self.out, workers=self.workers, retries=o.retries, progress=progress,
-                           on_change=on_change, cell_fn=cell_fn, gpus=self.gpus, cells_per_gpu=o.cells_per_gpu,
-                           executions=executions)
+
+        def train(cells: list[Cell], progress: Progress) -> RunResult:
+            return run_local(cells, self.out, workers=self.workers, retries=o.retries, progress=progress,
+                             on_change=on_change, cell_fn=cell_fn, gpus=self.gpus, cells_per_gpu=o.cells_per_gpu,
+                             executions=executions)
+
+        result = train(todo, progress)
         # A cell that was busy (another process held it) and is now free but unfinished (that
         # process stopped) is trained here: this grid never ends with a cell nobody trains.
         for _ in range(3):
@@ -73,9 +77,7 @@ class LocalBackend(Backend):
                 break
             progress.write(f"grid {self.grid.name}: {len(again)} cell{'s' if len(again) != 1 else ''} another "
                            f"process held and left unfinished: training {'them' if len(again) != 1 else 'it'} here")
-            more = run_local(again, self.out, workers=self.workers, retries=o.retries, on_change=on_change,
-                             progress=Progress(self.grid.name, len(again), min(self.workers, len(again)), quiet=o.quiet),
-                             cell_fn=cell_fn, gpus=self.gpus, cells_per_gpu=o.cells_per_gpu, executions=executions)
+            more = train(again, Progress(self.grid.name, len(again), min(self.workers, len(again)), quiet=o.quiet))
             result.outcomes.update(more.outcomes)
             result.refused += more.refused
             result.errors += more.errors
