@@ -62,7 +62,11 @@ def test_plain_loop_computes_the_harness_models_losses_step_after_step(gelu, act
     opts = [configure_optimizer(plain, 1e-3, 0.1, (0.9, 0.95)), harness_optimizer(harness)]
     tokens = np.random.default_rng(0).integers(0, size.vocab_size, 5000).astype(np.uint16)  # a token file's dtype
     torch.manual_seed(1)
-    for _ in range(3):  # forward, backward and the fused AdamW step agree, so the next step does
+    # Forward, backward and the fused AdamW step agree, so the next step does. With the tanh GELU
+    # the two sides are two float32 forms of one function, and AdamW's first steps (about
+    # lr * sign(g)) turn rounding-sized gradient differences into lr-sized weight differences
+    # where a gradient is near 0, so only the first step is compared there.
+    for _ in range(3 if gelu == "none" else 1):
         x, y = get_batch(tokens, 4, size.context)
         losses = []
         for model in (plain, harness):
@@ -70,10 +74,13 @@ def test_plain_loop_computes_the_harness_models_losses_step_after_step(gelu, act
             loss.backward()
             losses.append(loss.item())
         assert losses[0] == pytest.approx(losses[1], abs=1e-5)
-        # Gradients tell the GELUs apart where the loss at init barely does (its MLPs write little).
+        # Gradients tell the GELUs apart where the loss at init barely does (its MLPs write little):
+        # erf against tanh differ by about 8e-5 of a parameter's largest gradient; the harness's
+        # CPU tanh GELU (another float32 form of the same function) and torch's, by under 1e-6.
         grads = dict((n, p.grad) for n, p in harness.named_parameters())
         for name, p in plain.named_parameters():
-            assert torch.allclose(p.grad, grads[harness_name(name)], rtol=1e-4, atol=1e-8), name
+            g = grads[harness_name(name)]
+            assert (p.grad - g).abs().max() <= 1e-5 * g.abs().max(), name
         for opt in opts:
             opt.step()
             opt.zero_grad(set_to_none=True)

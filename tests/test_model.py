@@ -3,6 +3,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from ablate.inspect_model import param_breakdown
 from ablate.model import build_model
@@ -137,3 +138,51 @@ def test_gelu_is_the_tanh_approximation():
     x = torch.linspace(-6, 6, 1001, dtype=torch.float64)
     formula = 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
     assert torch.allclose(gelu(x), formula, atol=1e-12)
+
+
+def _gelu_and_grad(f, x: torch.Tensor):
+    x = x.detach().clone().requires_grad_()
+    y = f(x)
+    y.backward(torch.ones_like(y))
+    return y.detach(), x.grad
+
+
+def test_the_cpu_gelu_is_torchs_tanh_gelu_in_float64():
+    """The CPU form (x * sigmoid(2u), its derivative written out) is the same function as
+    torch's tanh GELU: values and gradients agree to float64 rounding, and gradcheck passes."""
+    from ablate.variants.activations import gelu
+
+    x = torch.cat([torch.linspace(-40, 40, 20001, dtype=torch.float64), torch.tensor([0.0, 1e-300, -1e-300])])
+    y, g = _gelu_and_grad(gelu, x)
+    y_ref, g_ref = _gelu_and_grad(lambda t: F.gelu(t, approximate="tanh"), x)
+    assert (y - y_ref).abs().max() < 1e-13 and (g - g_ref).abs().max() < 1e-13
+    assert torch.autograd.gradcheck(gelu, (torch.randn(64, dtype=torch.float64, requires_grad=True) * 4,))
+
+
+def test_the_cpu_gelu_in_float32_is_as_close_to_the_float64_truth_as_torchs():
+    from ablate.variants.activations import gelu
+
+    x = torch.linspace(-12, 12, 200001)  # every float32 input, scored against float64 at that input
+    y_true, g_true = _gelu_and_grad(lambda t: F.gelu(t, approximate="tanh"), x.double())
+    for f, (fwd_tol, bwd_tol) in ((gelu, (1e-6, 3e-6)), (lambda t: F.gelu(t, approximate="tanh"), (1e-6, 2e-6))):
+        y, g = _gelu_and_grad(f, x)
+        assert y.dtype == g.dtype == torch.float32
+        assert (y.double() - y_true).abs().max() < fwd_tol and (g.double() - g_true).abs().max() < bwd_tol
+    # Where the tanh form cancels (0.5(1 + tanh u) for u << 0) the sigmoid form does not:
+    y, _ = _gelu_and_grad(gelu, torch.tensor([-5.0]))
+    y_torch, _ = _gelu_and_grad(lambda t: F.gelu(t, approximate="tanh"), torch.tensor([-5.0]))
+    exact = F.gelu(torch.tensor([-5.0], dtype=torch.float64), approximate="tanh")
+    assert abs(y.double() - exact) < 0.01 * abs(exact) < abs(y_torch.double() - exact)
+
+
+def test_the_gelu_keeps_torchs_kernel_off_the_cpu_float_path_and_its_edge_values():
+    """bfloat16 (and any device but the CPU, and torch.compile) take torch's own kernel, bit for
+    bit; on the float path infinities and NaNs land where torch's land."""
+    from ablate.variants.activations import gelu
+
+    x = torch.randn(1000).bfloat16()
+    assert torch.equal(gelu(x), F.gelu(x, approximate="tanh"))
+    edges = torch.tensor([-float("inf"), -1e20, -1e10, -30.0, 0.0, 30.0, 1e10, 1e20, float("inf"), float("nan")])
+    (y, g), (y_ref, g_ref) = _gelu_and_grad(gelu, edges), _gelu_and_grad(lambda t: F.gelu(t, approximate="tanh"), edges)
+    assert torch.equal(y.isnan(), y_ref.isnan()) and torch.equal(g.isnan(), g_ref.isnan())
+    assert torch.allclose(y, y_ref, equal_nan=True) and torch.allclose(g, g_ref, equal_nan=True)
