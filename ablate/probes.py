@@ -133,8 +133,9 @@ class Stability:
     and the output logits' mean log-partition and largest value.
 
     Where the inputs come from, by cost: forward hooks copy the slice of each block's
-    attention input and output as the training forward computes them (a small copy per hook
-    and step, which also keeps the whole batch's activations from outliving the backward), so
+    attention input and output as the training forward computes them (a small copy per hook,
+    on the steps the loop arms them for with `capture`, which also keeps the whole batch's
+    activations from outliving the backward), so
     a probed step adds only `qkv` on the slice and its T x T scores: about 3.5% of a step on
     `tiny` x 12 blocks, where a separate no-grad forward of the slice alone measured about 7%
     (small models pay per op, and it repeats every op of the forward). Hooks inside a
@@ -151,6 +152,9 @@ class Stability:
         self.attn_in: list[torch.Tensor | None] = [None] * n
         self.stream_in: list[torch.Tensor | None] = [None]  # the first block's input (the embeddings)
         self.block_out: list[torch.Tensor | None] = [None] * n
+        # Set by the training loop before a forward whose step it will measure: the hooks copy
+        # nothing on the other steps.
+        self.capture = False
         self.names = ([f"attn_logit_max/layer_{i}" for i in range(n)] + [f"attn_entropy/layer_{i}" for i in range(n)]
                       + [f"cos_sim/layer_{i}" for i in range(n)] + [f"block_change/layer_{i}" for i in range(n)]
                       + ["logit_lse", "logit_max"])
@@ -160,7 +164,7 @@ class Stability:
     def _attach(self) -> list:
         def keep(store, i):
             def hook(module, inputs, output=None):
-                if module.training:  # not the validation forwards
+                if module.training and self.capture:  # a probed step's forward, not validation
                     t = inputs[0] if output is None else output
                     store[i] = t[:PROBE_SEQUENCES].detach().clone()
             return hook
@@ -185,21 +189,26 @@ class Stability:
         saved = model.record_act_norms, model.act_norms
         handles = self._attach()
         try:
-            model.record_act_norms = False
+            self.capture, model.record_act_norms = True, False
             with self._autocast():
                 model(x[:PROBE_SEQUENCES])
         finally:
             for h in handles:
                 h.remove()
+            self.capture = False
             model.record_act_norms, model.act_norms = saved
 
     @torch.no_grad()
     def measure(self, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """The probes of the step whose training forward just ran on batch `x` and gave
         `logits`, as one device tensor in the order of `names`. Call it before the optimizer
-        step: the attention logits are recomputed with the weights that forward used."""
+        step: the attention logits are recomputed with the weights that forward used. Eager
+        models need `capture` set before that forward; what it kept is used once."""
         if self.compiled:
             self._eager_forward(x)
+        if any(h is None for h in self.attn_in + self.stream_in + self.block_out):
+            raise RuntimeError("Stability.measure: the training forward kept nothing to measure; "
+                               "set capture = True before the forward of a probed step")
         with self._autocast():  # q and k as the training forward computed them
             qk = [block.attn.qkv(h)[:2] for block, h in zip(self.model.blocks, self.attn_in)]
         n, heads, T, _ = qk[0][0].shape
@@ -207,10 +216,11 @@ class Stability:
         stats = [attention_logit_stats(torch.stack([q for q, _ in qk[i:i + chunk]]),
                                        torch.stack([k for _, k in qk[i:i + chunk]])) for i in range(0, len(qk), chunk)]
         logits = logits[:PROBE_SEQUENCES].detach().float()
+        block_out, stream_in = torch.stack(self.block_out), torch.stack(self.stream_in + self.block_out[:-1])
+        for kept in (self.attn_in, self.stream_in, self.block_out):  # in place: the hooks hold these lists
+            kept[:] = [None] * len(kept)  # used once: an unarmed later step cannot measure this one's
         return torch.cat([*(m for m, _ in stats), *(e for _, e in stats),
-                          mean_cosine_similarity(torch.stack(self.block_out)),
-                          relative_change(torch.stack(self.stream_in + self.block_out[:-1]),
-                                          torch.stack(self.block_out)),
+                          mean_cosine_similarity(block_out), relative_change(stream_in, block_out),
                           torch.stack([output_log_partition(logits), logits.amax()])])
 
 

@@ -383,13 +383,15 @@ def _train(cell, run_dir: Path, plan: RunPlan, old: dict | None, threads: int, q
             for group in opt.param_groups:
                 group["lr"] = lr
             x, y = data.batch("train", step, cfg.seed, cfg.batch_size, cfg.context, device)  # ...and the batch order
+            logged = probes is not None and step % cfg.log_every == 0
+            probing = logged and step % cfg.probe_every == 0
+            if probes is not None:
+                probes.stability.capture = probing and not cfg.compile  # the hooks keep what measure() reads
             with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
                 logits, loss = forward(x, y)
             # The logged loss is the cross-entropy alone, comparable across z_loss values.
             objective = loss + cfg.z_loss * z_loss_term(logits) if cfg.z_loss > 0 else loss
             objective.backward()
-            logged = probes is not None and step % cfg.log_every == 0
-            probing = logged and step % cfg.probe_every == 0
             if logged:
                 grad_norms = probes.grad_norms()  # before clipping: what the model produced
             if probing:  # the costlier metrics (a copy of the weights; attention scores) every probe_every steps

@@ -123,6 +123,7 @@ def test_probes_see_the_attention_the_model_computes(monkeypatch, axes, compiled
     model.record_act_norms = True
     seen = record_attention(monkeypatch)
     idx = torch.randint(0, size.vocab_size, (6, 16))
+    probes.stability.capture = not compiled  # as the training loop arms a probed step
     logits, loss = model(idx, idx)
     monkeypatch.undo()
     act_norms = list(model.act_norms)
@@ -175,6 +176,28 @@ def test_probes_are_logged_exactly_on_the_logged_steps_divisible_by_probe_every(
     rows = run(tmp_path / "b", steps=8, probe_every=3, log_every=2)
     assert [r["step"] for r in rows] == [0, 2, 4, 6, 7]
     assert [r["step"] for r in rows if stability_keys(r)] == [0, 6]
+
+
+def test_the_capture_hooks_copy_only_on_armed_forwards_and_each_capture_is_measured_once():
+    """Unprobed steps copy nothing (the hooks run every forward); a measure() with nothing kept
+    for it refuses rather than report another step's activations."""
+    torch.manual_seed(0)
+    size = get_size("tiny").with_layers(2)
+    model = build_model(make_variant(), size)
+    stability = Probes(model).stability
+    idx = torch.randint(0, size.vocab_size, (4, 16))
+    kept = lambda: stability.attn_in + stability.stream_in + stability.block_out  # noqa: E731
+    logits = model(idx, idx)[0]
+    assert all(t is None for t in kept())
+    with pytest.raises(RuntimeError, match="set capture = True"):
+        stability.measure(idx, logits)
+    stability.capture = True
+    logits = model(idx, idx)[0]
+    assert all(t is not None and t.shape[0] == PROBE_SEQUENCES for t in kept())
+    stability.measure(idx, logits)
+    assert all(t is None for t in kept())
+    with pytest.raises(RuntimeError, match="kept nothing"):
+        stability.measure(idx, logits)
 
 
 def test_a_run_logs_the_probes_of_the_weights_and_batch_its_step_ran_with(tmp_path, monkeypatch):
