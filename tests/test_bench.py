@@ -126,12 +126,27 @@ def test_bench_prints_what_it_times_the_step_table_and_the_fraction_of_peak(caps
     assert len(rows) == 2
     steps_row, flops_row = rows
     assert len(steps_row) == 10 and steps_row[1] == "2"
-    for cell in (steps_row[4], steps_row[5], steps_row[7], steps_row[9]):
+    for cell in steps_row[4:8]:
         assert re.fullmatch(RATIO, cell), cell
-    assert re.fullmatch(r"[+-]\d+\.\d% \[[+-]\d+\.\d%\.\.[+-]\d+\.\d%\]", steps_row[8])
+    assert re.fullmatch(r"[+-]\d+\.\d% \[[+-]\d+\.\d%\.\.[+-]\d+\.\d%\]", steps_row[9])
     assert len(flops_row) == 10 and flops_row[2] == f"{flops.flops_per_token(get_size('tiny').with_layers(2)):,}"
     assert all(re.fullmatch(r"\d+%", c) for c in flops_row[7:])
     assert "(1 torch thread, " in out and "matmul GFLOP/s: attn qkv: fwd 1024x64x192" in out
+    breakdown = re.search(r"where a harness step goes .*: matmul (\d+)%, attention (\d+)%, norms (\d+)%, "
+                          r"optimizer (\d+)%, the rest \(.*\) (\d+)%; the matmuls ran at \d+% of the step-mix peak", out)
+    assert breakdown and 98 <= sum(map(int, breakdown.groups())) <= 102  # shares of one total, rounded
+
+
+def test_the_breakdown_buckets_ops_by_name_and_holds_the_matmuls_against_the_peak():
+    from ablate.bench.harness import REST, Breakdown, _category
+
+    assert [_category(op) for op in ("aten::mm", "aten::addmm", "aten::_scaled_dot_product_flash_attention_for_cpu",
+                                     "aten::native_layer_norm_backward", "aten::_fused_adamw_",
+                                     "Optimizer.step#AdamW.step", "aten::gelu", "aten::mm_backward_hint")] == \
+        ["matmul", "matmul", "attention", "norms", "optimizer", "optimizer", REST, REST]
+    b = Breakdown(steps=2, seconds={"matmul": 1.0, "attention": 0.5, "norms": 0.0, "optimizer": 0.0, REST: 0.5},
+                  matmul_flops=30e9, peak=60e9)
+    assert "matmul 50%, attention 25%" in b.describe() and "ran at 50% of the step-mix peak" in b.describe()
 
 
 @pytest.mark.parametrize("argv, message", [

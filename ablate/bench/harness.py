@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -64,6 +65,60 @@ def profile_steps(model: str = "tiny", layers: int | None = None, steps: int = 1
         harness_prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top),
         "plain loop, same model and steps (self CPU time):",
         plain_prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)])
+
+
+# Where a profiled step's self CPU time goes, by what an op's name says it is (first match).
+CATEGORIES = (("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")),
+              ("attention", ("scaled_dot_product", "flash_attention")),
+              ("norms", ("layer_norm", "rms_norm")),
+              ("optimizer", ("adam", "Optimizer.step")))
+REST = "the rest (GELU, loss, embeddings, probes, other elementwise ops)"
+
+
+@dataclass
+class Breakdown:
+    steps: int
+    seconds: dict[str, float]  # self CPU seconds per category, REST included
+    matmul_flops: float  # the dense matmul FLOPs of those steps
+    peak: float  # the step-mix peak FLOP/s they are held against
+
+    def describe(self) -> str:
+        total = sum(self.seconds.values())
+        share = ", ".join(f"{name} {sec / total:.0%}" for name, sec in self.seconds.items())
+        rate = self.matmul_flops / self.seconds["matmul"] / self.peak
+        return (f"where a harness step goes (torch.profiler, self CPU time, {self.steps} steps, probes on): {share}; "
+                f"the matmuls ran at {rate:.0%} of the step-mix peak, so with every other op free a step "
+                f"would reach about {rate:.0%}")
+
+
+def _category(op: str) -> str:
+    for name, marks in CATEGORIES:
+        if op in marks or any(m.lower() in op.lower() for m in marks if not m.startswith("aten::")):
+            return name
+    return REST
+
+
+def step_breakdown(size, peak, threads: int, steps: int = 12) -> Breakdown:
+    """Profile a harness run of the default block with every probe on, bucket its ops' self
+    CPU time by CATEGORIES, and hold the matmuls' own rate against `peak` (flops.Peak). The
+    model build and the one final validation batch are in it too (a few percent at most)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ablate.bench.flops import step_matmuls
+
+    options = harness_options(size.name, size.n_layer, steps, True, threads, "cpu")
+    outer = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with tempfile.TemporaryDirectory() as tmp, profile(activities=[ProfilerActivity.CPU]) as prof:
+            train(Cell.from_options(options), Path(tmp) / "p")
+    finally:
+        torch.set_num_threads(outer)
+    seconds = {name: 0.0 for name, _ in CATEGORIES} | {REST: 0.0}
+    for event in prof.key_averages():
+        seconds[_category(event.key)] += event.self_cpu_time_total / 1e6
+    flops = steps * sum(m.flops * m.count for m in step_matmuls(size, BATCH * size.context))
+    return Breakdown(steps, seconds, flops, peak.step_mix)
 
 
 def gpu_figures(steps: int = 30) -> list[dict]:

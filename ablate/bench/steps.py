@@ -1,11 +1,14 @@
 """The harness's training step against the plain nanoGPT-style loop, as interleaved pairs.
 
-Each repeat trains the plain loop, the harness with every probe on, the harness with probes
-off, and the harness with every probe on but nanoGPT's GELU (act=gelu_erf: the same math as
-the plain loop, so its ratio is the harness's own cost alone), in a rotated order, all in this
-process, so that machine noise hits every side.
-A pair's ratio is (harness tokens/s) / (plain tokens/s) of runs next to each other; the
-table gives the median of the pairs and their spread (min..max).
+Each repeat trains, in a rotated order and all in this process so that machine noise hits
+every side: the plain loop with nanoGPT's GELU (exact erf) and with GPT-2's tanh GELU (the
+harness's default block's), the harness's default block with every probe on and with probes
+off, and the harness with every probe on but nanoGPT's GELU (act=gelu_erf). Pairs of the same
+math give the harness's own cost; the default block against nanoGPT's loop as it stands mixes
+in the two GELUs' costs, and is printed as such.
+A run's speed is its median step (robust to a burst of machine noise in one step); a pair's
+ratio is (harness tokens/s) / (plain tokens/s) of runs next to each other; the table gives
+the median of the pairs and their spread (min..max).
 """
 from __future__ import annotations
 
@@ -34,18 +37,20 @@ SKIP = 5
 SAME_MATH = {"act": "gelu_erf"}
 
 WHAT_IS_TIMED = """\
-plain:          nanoGPT's model and loop (ablate/bench/plain_gpt.py: its GELU, exact erf), each
-                iteration timed as nanoGPT's train.py does, from the end of one to the end of the
-                next: set lr, forward, fetch the next batch, backward, fused AdamW, zero_grad, loss.item()
+plain:          nanoGPT's model and loop (ablate/bench/plain_gpt.py), each iteration timed as
+                nanoGPT's train.py does, from the end of one to the end of the next: set lr,
+                forward, fetch the next batch, backward, fused AdamW, zero_grad, loss.item();
+                "tanh" with GPT-2's GELU (the harness's default block), "erf" with nanoGPT's own
 harness logged: the tokens_per_s the harness writes to metrics.jsonl: its step (set lr, batch,
                 forward, backward, probes, fused AdamW step, zero_grad, loss to the host)
-harness period: steps / time between consecutive metrics.jsonl time_s: the logged step plus the
+harness period: the time between consecutive metrics.jsonl time_s: the logged step plus the
                 per-step bookkeeping around it (writing the metrics line, divergence and
                 checkpoint checks): the span nanoGPT's train.py times
 harness:        the default block (GELU tanh, GPT-2's); "gelu_erf" is the same block with
-                nanoGPT's GELU: the same math as plain, so its ratio is the harness's own cost
+                nanoGPT's GELU. Same-math pairs (tanh/tanh, erf/erf) are the harness's own cost
 probes on:      every probe at log_every 1{probe_every}; off: probes = false
-each run: {steps} steps, batch {batch}, constant lr, the first {skip} steps left out"""
+each run: {steps} steps, batch {batch}, constant lr, the first {skip} steps left out; a run's
+                speed is its median step"""
 
 
 def what_is_timed(steps: int, probe_every: int | None = None) -> str:
@@ -73,8 +78,8 @@ class Spread:
 
 @dataclass
 class HarnessRun:
-    logged_s: float  # sum of the per-step seconds the harness logged (tokens / tokens_per_s)
-    period_s: float  # sum of the spans between consecutive logged time_s
+    logged_s: list[float]  # per timed step, the seconds the harness logged (tokens / tokens_per_s)
+    period_s: list[float]  # per timed step, the span between consecutive logged time_s
 
 
 @dataclass
@@ -83,26 +88,29 @@ class StepComparison:
     n_layer: int
     tokens_per_step: int
     steps: int
-    plain_s: list[float] = field(default_factory=list)  # per repeat: seconds of the timed steps
+    plain_s: list[list[float]] = field(default_factory=list)  # per repeat: each timed step's seconds, erf GELU
+    plain_tanh_s: list[list[float]] = field(default_factory=list)  # the same with the tanh GELU
     on: list[HarnessRun] = field(default_factory=list)
     off: list[HarnessRun] = field(default_factory=list)
     same_math: list[HarnessRun] = field(default_factory=list)  # probes on, act=gelu_erf
 
-    @property
-    def timed_tokens(self) -> int:
-        return (self.steps - SKIP) * self.tokens_per_step
+    def tok_s(self, runs: list[list[float]]) -> float:
+        """Tokens/s of the median run's median step."""
+        return self.tokens_per_step / statistics.median(statistics.median(r) for r in runs)
 
-    def tok_s(self, seconds: list[float]) -> float:
-        """Tokens/s of the median run."""
-        return self.timed_tokens / statistics.median(seconds)
+    @staticmethod
+    def steps_of(runs: list[HarnessRun], kind: str = "logged_s") -> list[list[float]]:
+        return [getattr(r, kind) for r in runs]
 
-    def ratio(self, runs: list[HarnessRun], kind: str = "logged_s") -> Spread:
-        return Spread([p / getattr(h, kind) for p, h in zip(self.plain_s, runs)])
+    def ratio(self, plain: list[list[float]], runs: list[HarnessRun], kind: str = "logged_s") -> Spread:
+        """Harness speed over plain speed, pair by pair (each run's median step)."""
+        return Spread([statistics.median(p) / statistics.median(getattr(h, kind)) for p, h in zip(plain, runs)])
 
     @property
     def probe_overhead(self) -> Spread:
-        """Extra logged step time with probes on versus off, per pair (a fraction, not a ratio)."""
-        return Spread([on.logged_s / off.logged_s - 1 for on, off in zip(self.on, self.off)])
+        """Extra median step time with probes on versus off, per pair (a fraction, not a ratio)."""
+        return Spread([statistics.median(on.logged_s) / statistics.median(off.logged_s) - 1
+                       for on, off in zip(self.on, self.off)])
 
 
 def harness_options(model: str, layers: int | None, steps: int, probes: bool, threads: int, device: str,
@@ -123,13 +131,10 @@ def harness_run(options: dict) -> HarnessRun:
         train(Cell.from_options(options), run_dir)
         rows = [json.loads(line) for line in (run_dir / METRICS).read_text().splitlines()]
     tokens_per_step = rows[0]["tokens"]
-    timed = rows[SKIP:]
-    logged = sum(tokens_per_step / r["tokens_per_s"] for r in timed)
-    # The last row's time_s comes after the final evaluation, so spans stop at the row before:
-    # rows[SKIP-1] .. rows[-2] span exactly len(timed) - 1 steps; scale to len(timed).
+    logged = [tokens_per_step / r["tokens_per_s"] for r in rows[SKIP:]]
+    # The last row's time_s comes after the final evaluation, so spans stop at the row before.
     times = [r["time_s"] for r in rows[SKIP - 1 : -1]]
-    period = (times[-1] - times[0]) * len(timed) / (len(times) - 1)
-    return HarnessRun(logged, period)
+    return HarnessRun(logged, [b - a for a, b in zip(times, times[1:])])
 
 
 def compare_steps(model: str = "tiny", layers: int | None = None, steps: int = 60, repeats: int = 5,
@@ -145,12 +150,13 @@ def compare_steps(model: str = "tiny", layers: int | None = None, steps: int = 6
     torch.set_num_threads(threads)
     try:
         harness_run(harness_options(model, layers, SKIP + 3, True, threads, device))  # warm caches once
-        kinds = ["plain", "on", "off", "same_math"]
+        kinds = ["plain", "on", "plain_tanh", "off", "same_math"]
         for r in range(repeats):
-            for kind in kinds[r % 4:] + kinds[: r % 4]:  # rotate which goes first
-                if kind == "plain":
-                    times = plain_training_steps(size, tokens, steps, BATCH, LR, SEED, device)
-                    result.plain_s.append(sum(times[SKIP:]))
+            for kind in kinds[r % len(kinds):] + kinds[: r % len(kinds)]:  # rotate which goes first
+                if kind.startswith("plain"):
+                    gelu = "tanh" if kind == "plain_tanh" else "none"
+                    times = plain_training_steps(size, tokens, steps, BATCH, LR, SEED, device, gelu=gelu)
+                    getattr(result, f"{kind}_s").append(times[SKIP:])
                 else:
                     extra = {**(SAME_MATH if kind == "same_math" else {}),
                              **({"probe_every": probe_every} if probe_every else {})}

@@ -92,38 +92,41 @@ def _steps(args, models: list[str], threads: int) -> None:
     from ablate.sizes import get_size
 
     print(what_is_timed(args.steps, args.probe_every) + f"; {args.repeats} interleaved repeats, ratios: median [min..max] of pairs\n")
-    print("| model | blocks | plain tok/s | harness on, logged tok/s | on / plain, logged | on / plain, period "
-          "| probes off, logged tok/s | off / plain, logged | probe overhead | gelu_erf on / plain, logged |")
+    print("| model | blocks | plain tanh tok/s | harness on tok/s | on / plain, same GELU (tanh) | same, period "
+          "| gelu_erf on / plain erf | default block / nanoGPT as is (erf) | probes off tok/s | probe overhead |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     results = []
     for model in models:
         c = compare_steps(model, args.layers, args.steps, args.repeats, threads, probe_every=args.probe_every)
         results.append(c)
         o = c.probe_overhead
-        print(f"| {model} | {c.n_layer} | {c.tok_s(c.plain_s):,.0f} | {c.tok_s([r.logged_s for r in c.on]):,.0f} "
-              f"| {c.ratio(c.on)} | {c.ratio(c.on, 'period_s')} | {c.tok_s([r.logged_s for r in c.off]):,.0f} "
-              f"| {c.ratio(c.off)} | {o.median:+.1%} [{min(o.values):+.1%}..{max(o.values):+.1%}] "
-              f"| {c.ratio(c.same_math)} |", flush=True)
+        print(f"| {model} | {c.n_layer} | {c.tok_s(c.plain_tanh_s):,.0f} | {c.tok_s(c.steps_of(c.on)):,.0f} "
+              f"| {c.ratio(c.plain_tanh_s, c.on)} | {c.ratio(c.plain_tanh_s, c.on, 'period_s')} "
+              f"| {c.ratio(c.plain_s, c.same_math)} | {c.ratio(c.plain_s, c.on)} | {c.tok_s(c.steps_of(c.off)):,.0f} "
+              f"| {o.median:+.1%} [{min(o.values):+.1%}..{max(o.values):+.1%}] |", flush=True)
 
     print(f"\nagainst the hardware: {flops.FLOPS_FORMULA}")
     print(f"peak: float32 matmul (torch.mm) at {threads} thread{'s' if threads != 1 else ''}, at every matmul shape of a training step "
           f"(each linear's forward, input- and weight-gradient product; 'step mix' = their FLOPs over their "
           f"summed times) and at {flops.SQUARE}^3\n")
-    print("| model | blocks | FLOPs/token | step-mix peak GFLOP/s | square peak GFLOP/s | plain GFLOP/s "
-          "| harness on GFLOP/s | harness / step mix | harness / square | plain / square |")
+    print("| model | blocks | FLOPs/token | step-mix peak GFLOP/s | square peak GFLOP/s | plain tanh GFLOP/s "
+          "| harness on GFLOP/s | harness / step mix | harness / square | plain tanh / step mix |")
     print("|---|---|---|---|---|---|---|---|---|---|")
+    from ablate.bench.harness import step_breakdown
+
     for c in results:
         size = get_size(c.model).with_layers(args.layers)
         peak = flops.measure_peak(size, BATCH * size.context, threads)
         per_token = flops.flops_per_token(size)
-        plain = per_token * c.tok_s(c.plain_s)
-        harness = per_token * c.tok_s([r.logged_s for r in c.on])
+        plain = per_token * c.tok_s(c.plain_tanh_s)
+        harness = per_token * c.tok_s(c.steps_of(c.on))
         print(f"| {c.model} | {c.n_layer} | {per_token:,} | {peak.step_mix / 1e9:.1f} | {peak.square / 1e9:.1f} "
               f"| {plain / 1e9:.1f} | {harness / 1e9:.1f} | {harness / peak.step_mix:.0%} | {harness / peak.square:.0%} "
-              f"| {plain / peak.square:.0%} |", flush=True)
+              f"| {plain / peak.step_mix:.0%} |", flush=True)
         by_layer: dict[str, list[str]] = {}
         for m, f in peak.matmuls:
             layer, kind = m.name.rsplit(" ", 1)
             by_layer.setdefault(layer, []).append(f"{kind} {m.m}x{m.k}x{m.n} {f / 1e9:.1f}")
         print("  matmul GFLOP/s: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in by_layer.items()))
+        print("  " + step_breakdown(size, peak, threads).describe(), flush=True)
     print()
