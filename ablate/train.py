@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jsonlines
 import torch
@@ -329,9 +329,12 @@ def evaluate(model: GPT, data: TokenData, cfg: TrainConfig, device, amp, batches
     return total / batches
 
 
-def train(cell, run_dir: str | Path, quiet: bool = True, plan: RunPlan | None = None) -> dict:
+def train(cell, run_dir: str | Path, quiet: bool = True, plan: RunPlan | None = None,
+          after_step: Callable[[], None] | None = None) -> dict:
     """Train (or resume) `cell` in `run_dir`; returns the summary it wrote. `plan`: the cell's
-    plan_run, when the caller has already made it."""
+    plan_run, when the caller has already made it. `after_step`: called after each step's
+    metrics row is written, outside the step time the row logs (`ablate bench` runs its plain
+    loop's steps there, in lockstep with the harness's)."""
     run_dir = Path(run_dir)
     plan = plan or plan_run(cell)
     old = _read_config(run_dir)
@@ -339,12 +342,13 @@ def train(cell, run_dir: str | Path, quiet: bool = True, plan: RunPlan | None = 
     outer_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _train(cell, run_dir, plan, old, threads, quiet)
+        return _train(cell, run_dir, plan, old, threads, quiet, after_step)
     finally:
         torch.set_num_threads(outer_threads)  # the next run in this process (a bench, a test) starts clean
 
 
-def _train(cell, run_dir: Path, plan: RunPlan, old: dict | None, threads: int, quiet: bool) -> dict:
+def _train(cell, run_dir: Path, plan: RunPlan, old: dict | None, threads: int, quiet: bool,
+           after_step: Callable[[], None] | None) -> dict:
     cfg, device, amp, size, data = plan.cfg, plan.device, plan.amp, plan.size, plan.data
     torch.manual_seed(cfg.seed)  # the seed fixes the initial weights...
     model = build_model(cfg.spec, size, plan.ops, device, init=cfg.init_name)
@@ -422,6 +426,8 @@ def _train(cell, run_dir: Path, plan: RunPlan, old: dict | None, threads: int, q
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{tokens_per_step / dt:,.0f}")
+            if after_step is not None:
+                after_step()
             if diverged:
                 status, diverged_at = "diverged", step
                 break

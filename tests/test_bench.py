@@ -121,7 +121,7 @@ def test_bench_prints_what_it_times_the_step_table_and_the_fraction_of_peak(caps
                  "--repeats", "1", "--threads", "1"]) == 0
     assert torch.get_num_threads() == threads  # the process is left as it was
     out = capsys.readouterr().out
-    assert "nanoGPT's train.py" in out and "6 x N + 6 x n_layer x seq_len x d_model" in out
+    assert "nanoGPT's model and loop" in out and "in lockstep" in out and "6 x N + 6 x n_layer x seq_len x d_model" in out
     rows = [cells_of(line) for line in out.splitlines() if line.startswith("| tiny |")]
     assert len(rows) == 2
     steps_row, flops_row = rows
@@ -135,6 +135,34 @@ def test_bench_prints_what_it_times_the_step_table_and_the_fraction_of_peak(caps
     breakdown = re.search(r"where a harness step goes .*: matmul (\d+)%, attention (\d+)%, norms (\d+)%, "
                           r"optimizer (\d+)%, the rest \(.*\) (\d+)%; the matmuls ran at \d+% of the step-mix peak", out)
     assert breakdown and 98 <= sum(map(int, breakdown.groups())) <= 102  # shares of one total, rounded
+
+
+def test_lockstep_partners_step_once_after_each_harness_step_outside_its_logged_and_period_times():
+    """Partner steps run between harness steps, taking turns to go first, and their seconds are
+    kept out of both the logged step and the period (a partner here sleeps 0.2 s a step)."""
+    import time as time_module
+
+    from ablate.bench.steps import SKIP, harness_options, lockstep_run
+
+    calls = []
+
+    class Sleeper:
+        def __init__(self, name):
+            self.name = name
+
+        def step(self):
+            calls.append(self.name)
+            time_module.sleep(0.1)
+            return 0.1
+
+    steps = SKIP + 3
+    run = lockstep_run(harness_options("tiny", 1, steps, True, 1, "cpu"), {"a": Sleeper("a"), "b": Sleeper("b")})
+    assert calls == ["a", "b", "b", "a"] * (steps // 2) + ["a", "b"] * (steps % 2)
+    # The last row's time_s comes after the final evaluation: one span fewer than steps timed.
+    assert run.partners == {"a": [0.1] * 3, "b": [0.1] * 3} and len(run.logged_s) == 3 and len(run.period_s) == 2
+    assert all(p < 0.1 for p in run.period_s) and all(p < 0.1 for p in run.logged_s)
+    assert run.ratio("a") == pytest.approx(0.3 / sum(run.logged_s))
+    assert run.ratio("b", "period_s") == pytest.approx(0.2 / sum(run.period_s))
 
 
 def test_the_breakdown_buckets_ops_by_name_and_holds_the_matmuls_against_the_peak():

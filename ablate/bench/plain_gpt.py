@@ -116,30 +116,37 @@ def get_batch(tokens: np.ndarray, batch_size: int, seq_len: int, device="cpu"):
     return x.to(device), y.to(device)
 
 
+class PlainLoop:
+    """nanoGPT's train.py loop over a PlainGPT, one iteration per `step()`: set the lr,
+    forward, fetch the next batch, backward, the optimizer step, zero the gradients, and read
+    the loss (.item(), as train.py does at log_interval 1, the harness's default logging).
+    `step()` returns that iteration's seconds, so the bench can run it in lockstep with the
+    harness's steps."""
+
+    def __init__(self, size, tokens: np.ndarray, batch_size: int, lr: float, seed: int, device="cpu",
+                 weight_decay: float = 0.1, betas=(0.9, 0.95), gelu: str = "none"):
+        torch.manual_seed(seed)
+        with torch.device(device):
+            self.model = PlainGPT(size.vocab_size, size.context, size.d_model, size.n_layer, size.n_head, gelu)
+        self.optimizer = configure_optimizer(self.model, lr, weight_decay, betas)
+        self.tokens, self.batch_size, self.seq_len, self.lr, self.device = tokens, batch_size, size.context, lr, device
+        self.batch = get_batch(tokens, batch_size, size.context, device)
+
+    def step(self) -> float:
+        t0 = time.perf_counter()
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr  # constant, as the harness is run here
+        _, loss = self.model(*self.batch)
+        self.batch = get_batch(self.tokens, self.batch_size, self.seq_len, self.device)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.item()
+        return time.perf_counter() - t0
+
+
 def plain_training_steps(size, tokens: np.ndarray, steps: int, batch_size: int, lr: float, seed: int,
                          device="cpu", weight_decay: float = 0.1, betas=(0.9, 0.95), gelu: str = "none") -> list[float]:
-    """Train `steps` iterations; returns each iteration's seconds, timed as nanoGPT's
-    train.py times them: from the end of one iteration to the end of the next, covering
-    setting the learning rate, forward, fetching the next batch, backward, the optimizer
-    step and zeroing the gradients; the loss is read (.item()) every iteration, as
-    train.py does at log_interval 1, the harness's default logging."""
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = PlainGPT(size.vocab_size, size.context, size.d_model, size.n_layer, size.n_head, gelu)
-    optimizer = configure_optimizer(model, lr, weight_decay, betas)
-    times = []
-    X, Y = get_batch(tokens, batch_size, size.context, device)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        for group in optimizer.param_groups:
-            group["lr"] = lr  # constant, as the harness is run here
-        _, loss = model(X, Y)
-        X, Y = get_batch(tokens, batch_size, size.context, device)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        t1 = time.perf_counter()
-        times.append(t1 - t0)
-        t0 = t1
-        loss.item()  # logging, counted in the next iteration's time as in train.py
-    return times
+    """Train `steps` iterations of PlainLoop; returns each iteration's seconds."""
+    loop = PlainLoop(size, tokens, batch_size, lr, seed, device, weight_decay, betas, gelu)
+    return [loop.step() for _ in range(steps)]

@@ -1,14 +1,15 @@
-"""The harness's training step against the plain nanoGPT-style loop, as interleaved pairs.
+"""The harness's training step against the plain nanoGPT-style loop, in lockstep.
 
-Each repeat trains, in a rotated order and all in this process so that machine noise hits
-every side: the plain loop with nanoGPT's GELU (exact erf) and with GPT-2's tanh GELU (the
-harness's default block's), the harness's default block with every probe on and with probes
-off, and the harness with every probe on but nanoGPT's GELU (act=gelu_erf). Pairs of the same
-math give the harness's own cost; the default block against nanoGPT's loop as it stands mixes
-in the two GELUs' costs, and is printed as such.
-A run's speed is its median step (robust to a burst of machine noise in one step); a pair's
-ratio is (harness tokens/s) / (plain tokens/s) of runs next to each other; the table gives
-the median of the pairs and their spread (min..max).
+Each repeat trains, in a rotated order, the harness's default block with every probe on, with
+probes off, and with every probe on but nanoGPT's GELU (act=gelu_erf). Every harness step is
+followed, in the same process, by one step of the plain loop of the same math (its partner;
+the probes-on run has two, one per GELU, taking turns to go first), outside the step time the
+harness logs. A machine this shared slows down and speeds up over seconds, so a ratio of runs
+taken one after the other measures the machine as much as the loops; partner steps a tenth of
+a second apart see the same machine. A run's ratio is (its partner's steps' total seconds) /
+(its own steps' total seconds), the probed steps included; the table gives the median of the
+runs and their spread (min..max). Probe overhead is the probes-on run's ratio over the
+probes-off run's of the same repeat, each against its partner.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ablate.bench.plain_gpt import plain_training_steps
+from ablate.bench.plain_gpt import PlainLoop
 from ablate.cell import Cell
 from ablate.config import OPTION_NAMES, OPTIONS
 from ablate.data import load_data
@@ -37,20 +38,20 @@ SKIP = 5
 SAME_MATH = {"act": "gelu_erf"}
 
 WHAT_IS_TIMED = """\
-plain:          nanoGPT's model and loop (ablate/bench/plain_gpt.py), each iteration timed as
-                nanoGPT's train.py does, from the end of one to the end of the next: set lr,
+plain:          nanoGPT's model and loop (ablate/bench/plain_gpt.py), one iteration: set lr,
                 forward, fetch the next batch, backward, fused AdamW, zero_grad, loss.item();
-                "tanh" with GPT-2's GELU (the harness's default block), "erf" with nanoGPT's own
+                "tanh" with GPT-2's GELU (the harness's default block), "erf" with nanoGPT's own;
+                each run one step after each harness step, in lockstep
 harness logged: the tokens_per_s the harness writes to metrics.jsonl: its step (set lr, batch,
                 forward, backward, probes, fused AdamW step, zero_grad, loss to the host)
-harness period: the time between consecutive metrics.jsonl time_s: the logged step plus the
-                per-step bookkeeping around it (writing the metrics line, divergence and
-                checkpoint checks): the span nanoGPT's train.py times
+harness period: the time between consecutive metrics.jsonl time_s, less the plain steps run in
+                between: the logged step plus the per-step bookkeeping around it (writing the
+                metrics line, divergence and checkpoint checks)
 harness:        the default block (GELU tanh, GPT-2's); "gelu_erf" is the same block with
                 nanoGPT's GELU. Same-math pairs (tanh/tanh, erf/erf) are the harness's own cost
 probes on:      every probe at log_every 1{probe_every}; off: probes = false
 each run: {steps} steps, batch {batch}, constant lr, the first {skip} steps left out; a run's
-                speed is its median step"""
+                speed is its steps' total time (every probed step in it)"""
 
 
 def what_is_timed(steps: int, probe_every: int | None = None) -> str:
@@ -77,9 +78,19 @@ class Spread:
 
 
 @dataclass
-class HarnessRun:
-    logged_s: list[float]  # per timed step, the seconds the harness logged (tokens / tokens_per_s)
-    period_s: list[float]  # per timed step, the span between consecutive logged time_s
+class LockstepRun:
+    """One harness run and its partners' steps, index for index (the first SKIP left out)."""
+
+    logged_s: list[float]  # per step, the seconds the harness logged (tokens / tokens_per_s)
+    period_s: list[float]  # per step, the span between consecutive time_s less the partners' steps
+    partners: dict[str, list[float]]  # plain GELU ("tanh", "none") -> that loop's step seconds
+
+    def ratio(self, gelu: str, kind: str = "logged_s") -> float:
+        """Harness speed over the partner's: the partner's total seconds over the harness's,
+        over the same steps (the period has one span fewer: the last row follows the final
+        evaluation)."""
+        own = getattr(self, kind)
+        return sum(self.partners[gelu][: len(own)]) / sum(own)
 
 
 @dataclass
@@ -88,29 +99,24 @@ class StepComparison:
     n_layer: int
     tokens_per_step: int
     steps: int
-    plain_s: list[list[float]] = field(default_factory=list)  # per repeat: each timed step's seconds, erf GELU
-    plain_tanh_s: list[list[float]] = field(default_factory=list)  # the same with the tanh GELU
-    on: list[HarnessRun] = field(default_factory=list)
-    off: list[HarnessRun] = field(default_factory=list)
-    same_math: list[HarnessRun] = field(default_factory=list)  # probes on, act=gelu_erf
+    on: list[LockstepRun] = field(default_factory=list)  # partners: tanh and erf
+    off: list[LockstepRun] = field(default_factory=list)  # partner: tanh
+    same_math: list[LockstepRun] = field(default_factory=list)  # probes on, act=gelu_erf; partner: erf
 
-    def tok_s(self, runs: list[list[float]]) -> float:
-        """Tokens/s of the median run's median step."""
-        return self.tokens_per_step / statistics.median(statistics.median(r) for r in runs)
+    def tok_s(self, runs: list[LockstepRun], partner: str | None = None) -> float:
+        """Tokens/s of the median run: the harness's, or its partner's."""
+        steps = [r.partners[partner] if partner else r.logged_s for r in runs]
+        return statistics.median(self.tokens_per_step * len(s) / sum(s) for s in steps)
 
     @staticmethod
-    def steps_of(runs: list[HarnessRun], kind: str = "logged_s") -> list[list[float]]:
-        return [getattr(r, kind) for r in runs]
-
-    def ratio(self, plain: list[list[float]], runs: list[HarnessRun], kind: str = "logged_s") -> Spread:
-        """Harness speed over plain speed, pair by pair (each run's median step)."""
-        return Spread([statistics.median(p) / statistics.median(getattr(h, kind)) for p, h in zip(plain, runs)])
+    def ratio(runs: list[LockstepRun], gelu: str, kind: str = "logged_s") -> Spread:
+        return Spread([r.ratio(gelu, kind) for r in runs])
 
     @property
     def probe_overhead(self) -> Spread:
-        """Extra median step time with probes on versus off, per pair (a fraction, not a ratio)."""
-        return Spread([statistics.median(on.logged_s) / statistics.median(off.logged_s) - 1
-                       for on, off in zip(self.on, self.off)])
+        """Extra step time with probes on versus off, each against its tanh partner, per repeat
+        (a fraction, not a ratio)."""
+        return Spread([off.ratio("tanh") / on.ratio("tanh") - 1 for on, off in zip(self.on, self.off)])
 
 
 def harness_options(model: str, layers: int | None, steps: int, probes: bool, threads: int, device: str,
@@ -125,16 +131,32 @@ def harness_options(model: str, layers: int | None, steps: int, probes: bool, th
     return options
 
 
-def harness_run(options: dict) -> HarnessRun:
+def lockstep_run(options: dict, partners: dict[str, PlainLoop]) -> LockstepRun:
+    """Train the harness run `options`, one step of every partner loop after each of its steps."""
+    steps: dict[str, list[float]] = {g: [] for g in partners}
+    between: list[float] = []  # seconds of partner steps after each harness step
+    order = list(partners)
+
+    def after_step():
+        spent = 0.0
+        for g in order:
+            seconds = partners[g].step()
+            steps[g].append(seconds)
+            spent += seconds
+        order.reverse()  # two partners take turns to go first
+        between.append(spent)
+
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "cell"
-        train(Cell.from_options(options), run_dir)
+        train(Cell.from_options(options), run_dir, after_step=after_step)
         rows = [json.loads(line) for line in (run_dir / METRICS).read_text().splitlines()]
     tokens_per_step = rows[0]["tokens"]
     logged = [tokens_per_step / r["tokens_per_s"] for r in rows[SKIP:]]
-    # The last row's time_s comes after the final evaluation, so spans stop at the row before.
+    # Row i's time_s is written before step i's partners run; the last row's comes after the
+    # final evaluation, so spans stop at the row before.
     times = [r["time_s"] for r in rows[SKIP - 1 : -1]]
-    return HarnessRun(logged, [b - a for a, b in zip(times, times[1:])])
+    periods = [b - a - between[SKIP - 1 + i] for i, (a, b) in enumerate(zip(times, times[1:]))]
+    return LockstepRun(logged, periods, {g: s[SKIP:] for g, s in steps.items()})
 
 
 def compare_steps(model: str = "tiny", layers: int | None = None, steps: int = 60, repeats: int = 5,
@@ -146,22 +168,22 @@ def compare_steps(model: str = "tiny", layers: int | None = None, steps: int = 6
     size = get_size(model).with_layers(layers)
     tokens = load_data(None, size.tokenizer, size.vocab_size).train[0]
     result = StepComparison(model, size.n_layer, BATCH * size.context, steps)
+
+    def plain(gelu: str) -> PlainLoop:
+        return PlainLoop(size, tokens, BATCH, LR, SEED, device, gelu=gelu)
+
+    kinds = {"on": ({}, True, ("tanh", "none")), "off": ({}, False, ("tanh",)), "same_math": (SAME_MATH, True, ("none",))}
     outer = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        harness_run(harness_options(model, layers, SKIP + 3, True, threads, device))  # warm caches once
-        kinds = ["plain", "on", "plain_tanh", "off", "same_math"]
+        lockstep_run(harness_options(model, layers, SKIP + 3, True, threads, device), {"tanh": plain("tanh")})  # warm-up
+        names = list(kinds)
         for r in range(repeats):
-            for kind in kinds[r % len(kinds):] + kinds[: r % len(kinds)]:  # rotate which goes first
-                if kind.startswith("plain"):
-                    gelu = "tanh" if kind == "plain_tanh" else "none"
-                    times = plain_training_steps(size, tokens, steps, BATCH, LR, SEED, device, gelu=gelu)
-                    getattr(result, f"{kind}_s").append(times[SKIP:])
-                else:
-                    extra = {**(SAME_MATH if kind == "same_math" else {}),
-                             **({"probe_every": probe_every} if probe_every else {})}
-                    options = harness_options(model, layers, steps, kind != "off", threads, device, **extra)
-                    getattr(result, kind).append(harness_run(options))
+            for kind in names[r % len(names):] + names[: r % len(names)]:  # rotate which goes first
+                extra, probes, gelus = kinds[kind]
+                extra = {**extra, **({"probe_every": probe_every} if probe_every else {})}
+                options = harness_options(model, layers, steps, probes, threads, device, **extra)
+                getattr(result, kind).append(lockstep_run(options, {g: plain(g) for g in gelus}))
     finally:
         torch.set_num_threads(outer)
     return result

@@ -91,7 +91,7 @@ def _steps(args, models: list[str], threads: int) -> None:
     from ablate.bench.steps import BATCH, compare_steps, what_is_timed
     from ablate.sizes import get_size
 
-    print(what_is_timed(args.steps, args.probe_every) + f"; {args.repeats} interleaved repeats, ratios: median [min..max] of pairs\n")
+    print(what_is_timed(args.steps, args.probe_every) + f"; {args.repeats} repeats, ratios: median [min..max] of runs\n")
     print("| model | blocks | plain tanh tok/s | harness on tok/s | on / plain, same GELU (tanh) | same, period "
           "| gelu_erf on / plain erf | default block / nanoGPT as is (erf) | probes off tok/s | probe overhead |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -100,9 +100,9 @@ def _steps(args, models: list[str], threads: int) -> None:
         c = compare_steps(model, args.layers, args.steps, args.repeats, threads, probe_every=args.probe_every)
         results.append(c)
         o = c.probe_overhead
-        print(f"| {model} | {c.n_layer} | {c.tok_s(c.plain_tanh_s):,.0f} | {c.tok_s(c.steps_of(c.on)):,.0f} "
-              f"| {c.ratio(c.plain_tanh_s, c.on)} | {c.ratio(c.plain_tanh_s, c.on, 'period_s')} "
-              f"| {c.ratio(c.plain_s, c.same_math)} | {c.ratio(c.plain_s, c.on)} | {c.tok_s(c.steps_of(c.off)):,.0f} "
+        print(f"| {model} | {c.n_layer} | {c.tok_s(c.on, 'tanh'):,.0f} | {c.tok_s(c.on):,.0f} "
+              f"| {c.ratio(c.on, 'tanh')} | {c.ratio(c.on, 'tanh', 'period_s')} "
+              f"| {c.ratio(c.same_math, 'none')} | {c.ratio(c.on, 'none')} | {c.tok_s(c.off):,.0f} "
               f"| {o.median:+.1%} [{min(o.values):+.1%}..{max(o.values):+.1%}] |", flush=True)
 
     print(f"\nagainst the hardware: {flops.FLOPS_FORMULA}")
@@ -118,8 +118,8 @@ def _steps(args, models: list[str], threads: int) -> None:
         size = get_size(c.model).with_layers(args.layers)
         peak = flops.measure_peak(size, BATCH * size.context, threads)
         per_token = flops.flops_per_token(size)
-        plain = per_token * c.tok_s(c.plain_tanh_s)
-        harness = per_token * c.tok_s(c.steps_of(c.on))
+        plain = per_token * c.tok_s(c.on, "tanh")
+        harness = per_token * c.tok_s(c.on)
         print(f"| {c.model} | {c.n_layer} | {per_token:,} | {peak.step_mix / 1e9:.1f} | {peak.square / 1e9:.1f} "
               f"| {plain / 1e9:.1f} | {harness / 1e9:.1f} | {harness / peak.step_mix:.0%} | {harness / peak.square:.0%} "
               f"| {plain / peak.step_mix:.0%} |", flush=True)
