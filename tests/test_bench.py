@@ -99,6 +99,16 @@ def test_flops_per_token_counts_the_harness_models_parameters_and_causal_attenti
     assert matmul == 6 * weights * tokens
 
 
+def test_the_peak_keeps_the_faster_measurement_of_each_shape():
+    size = get_size("tiny").with_layers(1)
+    shapes = flops.step_matmuls(size, 1024)
+    slow = flops.Peak(1, [(m, 10e9) for m in shapes], 50e9)
+    fast = flops.Peak(1, [(m, 20e9 if i % 2 else 5e9) for i, m in enumerate(shapes)], 40e9)
+    best = slow.best_of(fast)
+    assert [f for _, f in best.matmuls] == [20e9 if i % 2 else 10e9 for i in range(len(shapes))]
+    assert best.square == 50e9 and slow.step_mix < best.step_mix
+
+
 def test_grid_efficiency_is_ideal_over_actual():
     s = Scaling(cells=4, workers=2, layers=12, steps=100, alone_s=[15.0, 16.0], grid_s=[28.0, 30.0])
     assert s.efficiencies() == pytest.approx([30 / 28, 32 / 30])

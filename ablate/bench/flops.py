@@ -96,6 +96,11 @@ class Peak:
     matmuls: list[tuple[Matmul, float]]  # each step matmul and its FLOP/s
     square: float  # FLOP/s of a SQUARE^3 matmul
 
+    def best_of(self, other: "Peak") -> "Peak":
+        """Per shape, the faster of two measurements of the same step's matmuls."""
+        matmuls = [(m, max(f, g)) for (m, f), (_, g) in zip(self.matmuls, other.matmuls)]
+        return Peak(self.threads, matmuls, max(self.square, other.square))
+
     @property
     def step_mix(self) -> float:
         """FLOP/s of one step's matmuls run back to back: the most the model's shapes allow."""
