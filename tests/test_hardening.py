@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -292,12 +293,23 @@ def _wait_for_torch(proc) -> None:
 
 
 def test_sigint_during_start_up_prints_no_traceback(tmp_path):
-    for delay in (0.0, 0.3, 0.8):
-        proc = subprocess.Popen([sys.executable, "-m", "ablate", *BASE, "--out", str(tmp_path)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """SIGINT at three moments of start-up (the three processes start together, each with its
+    own run folder, and each gets its signal its own delay after it began importing torch)."""
+    delays = (0.0, 0.3, 0.8)
+    procs = [subprocess.Popen([sys.executable, "-m", "ablate", *BASE, "--out", str(tmp_path / str(i))],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(len(delays))]
+
+    def interrupt(proc, delay):
         _wait_for_torch(proc)
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)
+
+    threads = [threading.Thread(target=interrupt, args=pair) for pair in zip(procs, delays)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for proc, delay in zip(procs, delays):
         _, err = proc.communicate(timeout=120)
         assert "Traceback" not in err, (delay, err)
         assert proc.returncode in (0, 130, -signal.SIGINT), (delay, proc.returncode, err)
