@@ -18,7 +18,7 @@ from typing import Any
 
 from ablate.config import TrainConfig, group_id, resolve, seeded_id, with_seed
 from ablate.errors import ConfigError
-from ablate.rundir import SUMMARY, CellLock, read_json, remove_stale_temporaries, replace_atomic, write_json_atomic
+from ablate.rundir import DONE, FAILED, SUMMARY, CellLock, read_json, remove_stale_temporaries, replace_atomic, write_json_atomic
 
 # A cell id names a folder: one path component, at most NAME_MAX bytes on Linux file systems.
 NAME_MAX = 255
@@ -131,8 +131,15 @@ def finished_status(run_dir: Path) -> str | None:
     try:
         status = read_json(path).get("status")
     except (OSError, ValueError, AttributeError):
-        return "failed"
-    return status if status in ("completed", "diverged") else "failed"
+        return FAILED
+    return status if status in DONE else FAILED
+
+
+def failed_summary(error: str, attempts: int) -> dict:
+    """The summary.json of a cell recorded failed: no result, its last error as one line, and
+    how many attempts it has had."""
+    return {"status": FAILED, "final_loss": None, "final_val_loss": None, "diverged_at_step": None,
+            "steps": None, "wall_time_s": None, "error": error, "attempts": attempts}
 
 
 def run_cell(cell: Cell, out_root: str | Path, retries: int = 0, quiet: bool = True,
@@ -146,7 +153,7 @@ def run_cell(cell: Cell, out_root: str | Path, retries: int = 0, quiet: bool = T
 
     plugins.load(cell.plugins)  # a worker, Ray task or SLURM job: before anything names their values
     run_dir = Path(out_root) / cell.id
-    if finished_status(run_dir) in ("completed", "diverged"):
+    if finished_status(run_dir) in DONE:
         return _finished(cell, run_dir)
     # Everything that can refuse the cell is checked before the lock creates its folder, so a
     # refused cell leaves nothing behind; train uses the same plan.
@@ -157,10 +164,10 @@ def run_cell(cell: Cell, out_root: str | Path, retries: int = 0, quiet: bool = T
         return CellOutcome(cell.id, "busy", None)
     try:
         status = finished_status(run_dir)
-        if status in ("completed", "diverged"):  # finished while we waited for the lock
+        if status in DONE:  # finished while we waited for the lock
             return _finished(cell, run_dir)
         remove_stale_temporaries(run_dir)  # we hold the lock: whoever wrote them is gone
-        attempts_before = _set_aside_failed(run_dir) if status == "failed" else 0
+        attempts_before = _set_aside_failed(run_dir) if status == FAILED else 0
         first = _next_error_index(run_dir)
         for attempt in range(retries + 1):
             try:
@@ -174,11 +181,7 @@ def run_cell(cell: Cell, out_root: str | Path, retries: int = 0, quiet: bool = T
             except Exception as e:  # noqa: BLE001  (any other error in a run is its result)
                 error = _record_error(run_dir, first + attempt, e)
             if attempt == retries:
-                summary = {
-                    "status": "failed", "final_loss": None, "final_val_loss": None,
-                    "diverged_at_step": None, "steps": None, "wall_time_s": None,
-                    "error": error, "attempts": attempts_before + attempt + 1,
-                }
+                summary = failed_summary(error, attempts_before + attempt + 1)
                 write_json_atomic(run_dir / SUMMARY, summary)
                 return CellOutcome(cell.id, "trained", summary)
     finally:

@@ -23,6 +23,7 @@ from ablate.backends.base import CellFn, RunResult
 from ablate.cell import Execution
 from ablate.errors import ConfigError
 from ablate.progress import Progress
+from ablate.rundir import FAILED, FINISHED, PENDING, RUNNING, SUMMARY
 from ablate.timefmt import fmt_time
 
 
@@ -139,7 +140,7 @@ def execute(grid, out: Path, options: ExecutionOptions, cell_fn: CellFn | None =
     grid_json.write()
     t0 = time.time()
 
-    retried = sum(1 for c in todo if (out / c.id / "summary.json").exists())  # failed before: tried again
+    retried = sum(1 for c in todo if (out / c.id / SUMMARY).exists())  # failed before: tried again
     plan = (f"{len(todo)} to run on {backend.describe(todo, executions)}"
             + (f" ({retried} failed before, tried again)" if retried else "") if todo else "nothing to run")
     print(f"grid {grid.name}: {_cells(len(grid.cells))}, {grid.total_steps:,} steps; {len(finished)} already finished, "
@@ -163,12 +164,12 @@ def execute(grid, out: Path, options: ExecutionOptions, cell_fn: CellFn | None =
         return 0
     counts = state["counts"]
     extra = []
-    running = counts.get("running", 0)  # as it is now, not as it was when a cell was found busy
+    running = counts.get(RUNNING, 0)  # as it is now, not as it was when a cell was found busy
     if running:
         extra.append(f"{running} cell{'s are' if running != 1 else ' is'} running in another process; "
                      "rerun later to check them")
     # Pending now: no summary and nobody holds it. Never reported as success.
-    unfinished = [c["id"] for c in state["cells"] if c["status"] == "pending"]
+    unfinished = [c["id"] for c in state["cells"] if c["status"] == PENDING]
     if unfinished:
         extra.append(f"{_cells(len(unfinished))} left unfinished (e.g. {unfinished[0]}); rerun to train "
                      f"{'them' if len(unfinished) != 1 else 'it'}")
@@ -176,7 +177,7 @@ def execute(grid, out: Path, options: ExecutionOptions, cell_fn: CellFn | None =
     if result.refused:
         print(f"ablate grid: error: {result.refused[0]}", file=sys.stderr)
         return 2
-    if counts.get("failed") or result.errors or unfinished:
+    if counts.get(FAILED) or result.errors or unfinished:
         return 1
     return 0
 
@@ -207,7 +208,7 @@ def _cells(n: int) -> str:
 
 def summary_line(grid, out: Path, state: dict, seconds: float, extra: str = "") -> str:
     counts = state["counts"]
-    order = ("completed", "diverged", "failed", "running", "pending")
-    parts = [f"{counts[k]} {'running elsewhere' if k == 'running' else k}" for k in order if counts.get(k)]
+    order = (*FINISHED, RUNNING, PENDING)
+    parts = [f"{counts[k]} {'running elsewhere' if k == RUNNING else k}" for k in order if counts.get(k)]
     line = f"grid {grid.name}: {_cells(len(grid.cells))}: {', '.join(parts)} ({fmt_time(seconds)}) -> {out / grid_state.GRID_JSON}"
     return line + (f"; {extra}" if extra else "")

@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ablate.cell import Cell, finished_status
-from ablate.rundir import SUMMARY, CellLock, read_json, replace_atomic, write_json_atomic
+from ablate.rundir import DONE, FAILED, PENDING, RUNNING, SUMMARY, CellLock, read_json, replace_atomic, write_json_atomic
 
 GRID_JSON, GRID_LOCK = "grid.json", ".grid.lock"
-FINISHED = ("completed", "diverged", "failed")
 
 
 def cell_status(out_root: str | Path, cell_id: str) -> str:
@@ -30,12 +29,18 @@ def cell_status(out_root: str | Path, cell_id: str) -> str:
     summary = run_dir / SUMMARY
     if summary.exists():
         try:
-            return str(read_json(summary).get("status", "failed"))
+            return str(read_json(summary).get("status", FAILED))
         except (OSError, ValueError):
-            return "failed"
+            return FAILED
     if CellLock(run_dir).is_held_elsewhere():
-        return "running"
-    return "pending"
+        return RUNNING
+    return PENDING
+
+
+def _entry(cell: dict[str, Any], status: str) -> dict[str, Any]:
+    """A cell's line in grid.json: its record (Grid.record()'s entry) and its status."""
+    return {"id": cell["id"], "group": cell["group"], "status": status, "options": cell["options"],
+            **({"threads": cell["threads"]} if "threads" in cell else {})}
 
 
 class _FileLock:
@@ -83,9 +88,7 @@ class GridJson:
             self.counts[self.status[i]] -= 1
         self.counts[status] += 1
         self.status[i] = status
-        entry = {"id": c["id"], "group": c["group"], "status": status, "options": c["options"],
-                 **({"threads": c["threads"]} if "threads" in c else {})}
-        self.lines[i] = "    " + json.dumps(entry, allow_nan=False)
+        self.lines[i] = "    " + json.dumps(_entry(c, status), allow_nan=False)
 
     def write(self, changed: Iterable[str] | None = None) -> dict[str, Any]:
         """Update grid.json (all cells when `changed` is None or a full pass is due); returns
@@ -108,9 +111,7 @@ class GridJson:
 
     def state(self) -> dict[str, Any]:
         """What the last write wrote, as write_grid_json returns it."""
-        cells = [{"id": c["id"], "group": c["group"], "status": st, "options": c["options"],
-                  **({"threads": c["threads"]} if "threads" in c else {})}
-                 for c, st in zip(self.entries, self.status)]
+        cells = [_entry(c, st) for c, st in zip(self.entries, self.status)]
         return {**self.head, "counts": {k: v for k, v in self.counts.items() if v}, "cells": cells}
 
 
@@ -120,9 +121,7 @@ def write_grid_json(out_root: str | Path, record: dict[str, Any]) -> dict[str, A
     out_root = Path(out_root)
     out_root.mkdir(parents=True, exist_ok=True)
     with _FileLock(out_root / GRID_LOCK):
-        cells = [{"id": c["id"], "group": c["group"], "status": cell_status(out_root, c["id"]),
-                  "options": c["options"], **({"threads": c["threads"]} if "threads" in c else {})}
-                 for c in record["cells"]]
+        cells = [_entry(c, cell_status(out_root, c["id"])) for c in record["cells"]]
         data = {k: v for k, v in record.items() if k != "cells"}
         data["counts"] = dict(Counter(c["status"] for c in cells))
         data["cells"] = cells
@@ -174,7 +173,7 @@ def order_for_dispatch(cells: list[Cell], out_root: str | Path) -> tuple[list[Ce
     finished, free, held = [], [], []
     for cell in cells:
         run_dir = Path(out_root) / cell.id
-        if finished_status(run_dir) in ("completed", "diverged"):
+        if finished_status(run_dir) in DONE:
             finished.append(cell)
         elif CellLock(run_dir).is_held_elsewhere():
             held.append(cell)

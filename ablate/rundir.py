@@ -23,6 +23,13 @@ CONFIG, METRICS, SUMMARY, CHECKPOINT, LOCK = "config.json", "metrics.jsonl", "su
 # Temporaries that writers killed mid-write (kill -9, a full disk) may leave behind.
 TEMPORARY_GLOB = ".*.tmp"
 LEGACY_TEMPORARIES = ("checkpoint.tmp", "metrics.tmp")
+# A run's status in its summary.json: DONE runs are results and are never trained again; a
+# failed run is tried again. A cell folder without summary.json is running (its lock is held by
+# a live process) or pending.
+DONE = ("completed", "diverged")
+FAILED = "failed"
+FINISHED = DONE + (FAILED,)
+RUNNING, PENDING = "running", "pending"
 
 
 def finite_or_none(value: Any) -> Any:

@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from ablate.analysis.load import Runs, layer_columns
+from ablate.analysis.load import DONE, Runs, layer_columns
 from ablate.analysis.lr_sensitivity import DEFAULT_TOLERANCE, MIN_LRS, basin, lr_curve, per_seed_sensitivity
 
 
@@ -242,7 +242,7 @@ def block_change(ctx, cell, params) -> float:
 @measure("attn_logit_max", "log10 logit", "log10 of the largest attn_logit_max/layer_{i} over layers and logged "
          "steps (diverged cells: up to their divergence)")
 def attn_logit_max(ctx, cell, params) -> float:
-    if cell["status"] not in ("completed", "diverged"):
+    if cell["status"] not in DONE:
         return float("nan")
     steps = ctx.steps(cell["cell_id"])
     columns = layer_columns(steps, "attn_logit_max")

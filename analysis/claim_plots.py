@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from ablate.analysis.load import layer_columns  # noqa: E402
+from ablate.analysis.load import DONE, layer_columns  # noqa: E402
 
 DIVERGED = "#d62728"
 ENTROPY = "#555555"
@@ -145,7 +145,7 @@ def divergence(ctx, metrics, params):
     split = params["split"]
     fig, ax = plt.subplots(figsize=(5.2, 3.6))
     for value in _values(metrics, split):
-        mine = metrics[(metrics[split] == value) & metrics["status"].isin(["completed", "diverged"])]
+        mine = metrics[(metrics[split] == value) & metrics["status"].isin(DONE)]
         rates = mine.groupby("lr")["status"].apply(lambda s: float((s == "diverged").mean()))
         ax.plot(rates.index, rates.to_numpy(), marker="o", label=f"{split}={value}")
     ax.set_xscale("log")

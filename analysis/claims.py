@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from ablate.analysis.claim_measures import MEASURES, Context, Measure, MeasureUnavailable, values_by_key
-from ablate.analysis.load import Runs, load_runs
+from ablate.analysis.load import DONE, Runs, load_runs
 from ablate.analysis.metrics import cell_metrics
 from ablate.analysis.stats import (DEFAULT_ALPHA, DEFAULT_POWER, MAX_SEEDS, Interval, adjust_p_values, bootstrap_ci,
                                    discordant_pairs, format_p, mcnemar_exact, mcnemar_pairs_for_power,
@@ -440,7 +440,7 @@ def _side_note(ctx: Context, m: Measure, a_cells: pd.DataFrame, b_cells: pd.Data
             continue
         gone = cells[cells["status"] == "diverged"]
         steps = [s for s in (first_nonfinite_step(ctx, cid) for cid in gone["cell_id"]) if s is not None]
-        trained = int(cells["status"].isin(["completed", "diverged"]).sum())
+        trained = int(cells["status"].isin(DONE).sum())
         text = f"{name}: diverged {len(gone)}/{trained}"
         if steps:
             text += f", first non-finite value at step {int(np.median(steps))} (median; {min(steps)}-{max(steps)})"

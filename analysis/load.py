@@ -27,7 +27,10 @@ VARIANT_AXES = ("norm", "norm_type", "act", "mlp", "residual", "qk_norm")
 AXIS_VALUE_BEFORE_IT_EXISTED = {"qk_norm": "none"}
 # The default block: the baseline a report compares against when none is named.
 DEFAULT_VARIANT_ID = "pre.layernorm.gelu.dense.res"
-FINISHED = ("completed", "diverged", "failed")
+# summary.json's status words, as ablate/rundir.py declares them for the engine (analysis never
+# imports the engine; a test holds the two equal). DONE runs are results, a failed one is not.
+DONE = ("completed", "diverged")
+FINISHED = DONE + ("failed",)
 RUNNING = "running"  # a cell folder without summary.json: training, or interrupted
 
 _SEED_SUFFIX = re.compile(r"__seed=[^_]+$")

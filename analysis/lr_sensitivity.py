@@ -33,13 +33,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from ablate.analysis.load import DONE
 from ablate.analysis.stats import (BATCH_KEYS, DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED, VERDICT_VALUE,
                                    Comparison, Interval, bootstrap_ci, paired_comparison)
 
 MIN_LRS = 3
 DEFAULT_TOLERANCE = 0.1  # nats above the best loss that still count as inside the basin
 SENSITIVITY = "lr_sensitivity"  # the value name of the paired comparison between sweeps
-TRAINED = ("completed", "diverged")  # statuses that are a result at an lr
 _LR_IN_ID = re.compile(r"__lr=[^_]+")
 
 
@@ -105,7 +105,7 @@ def lr_curve(cells: pd.DataFrame, value: str = VERDICT_VALUE) -> pd.DataFrame:
     """One row per trained cell of a sweep: seed, lr, status, loss (NaN if diverged),
     init_loss (the seed's loss at initialisation), clipped (min(loss, init_loss); init_loss
     if diverged), plateau."""
-    trained = cells[cells["status"].isin(TRAINED)]
+    trained = cells[cells["status"].isin(DONE)]  # the statuses that are a result at an lr
     loss = pd.to_numeric(trained[value], errors="coerce").where(trained["status"] == "completed")
     init = pd.to_numeric(trained.get("init_loss", pd.Series(np.nan, index=trained.index)), errors="coerce")
     # Every lr of a seed starts from the same weights and first batch: one init loss per seed.

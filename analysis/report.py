@@ -17,6 +17,7 @@ import pandas as pd
 
 from ablate.analysis import plots
 from ablate.analysis.analyse import Analysis, Settings, analyse
+from ablate.analysis.load import FINISHED, RUNNING
 from ablate.analysis.lr_sensitivity import sweep_table
 from ablate.analysis.metrics import MAD_TO_STD, PLATEAU_MARGIN
 from ablate.analysis.stats import CONTROLS, CORRECTION_SHORT, CORRECTIONS, divergence_sentence, format_p
@@ -170,7 +171,7 @@ def _axis_values(cells: pd.DataFrame, column: str) -> list[str]:
 def _what_was_run(analysis: Analysis) -> str:
     runs, cells = analysis.runs, analysis.metrics
     counts = cells["status"].value_counts().to_dict() if not cells.empty else {}
-    status = ", ".join(f"{counts[s]} {s}" for s in ("completed", "diverged", "failed", "running") if counts.get(s))
+    status = ", ".join(f"{counts[s]} {s}" for s in (*FINISHED, RUNNING) if counts.get(s))
     if runs.pending:
         status += f"{', ' if status else ''}{len(runs.pending)} pending (not started)"
     lines = [f"- folder: `{runs.root}`"]

@@ -26,6 +26,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
+from ablate.analysis.load import DONE, FINISHED, RUNNING
+
 DEFAULT_CONFIDENCE = 0.95
 DEFAULT_RESAMPLES = 9999
 DEFAULT_SEED = 0  # the bootstrap's seed: the same runs always give the same interval
@@ -300,8 +302,8 @@ def group_stats(cells: pd.DataFrame, value: str = VERDICT_VALUE, confidence: flo
     rows = []
     for group, members in cells.groupby("group", sort=False):
         done = finished_values(members, value)
-        counts = {s: int((members["status"] == s).sum()) for s in ("completed", "diverged", "failed", "running")}
-        trained = counts["completed"] + counts["diverged"]  # runs that trained to a result
+        counts = {s: int((members["status"] == s).sum()) for s in (*FINISHED, RUNNING)}
+        trained = sum(counts[s] for s in DONE)  # runs that trained to a result
         values = done[value].to_numpy(dtype=float)
         interval = bootstrap_ci(values, confidence, n_resamples, seed)
         row = {
@@ -319,7 +321,7 @@ def group_stats(cells: pd.DataFrame, value: str = VERDICT_VALUE, confidence: flo
             "divergence_rate": counts["diverged"] / trained if trained else float("nan"),
             "divergence": f"{counts['diverged']}/{trained}",
         }
-        settled = members[members["status"].isin(["completed", "diverged"])]
+        settled = members[members["status"].isin(DONE)]
         for metric, how in [("final_loss", "mean"), ("final_val_loss", "mean"), ("spikes", "mean"),
                             ("max_grad_norm", "max"), ("grad_ratio_end", "mean"), ("grad_cv_end", "mean"),
                             ("rms_growth", "mean")]:

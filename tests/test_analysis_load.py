@@ -222,3 +222,12 @@ def test_qk_norm_is_a_variant_axis_and_old_runs_had_none(tmp_path):
     config_path.write_text(json.dumps(config))
     runs = load_runs(tmp_path)
     assert sorted(runs.cells["qk_norm"]) == ["none", "rmsnorm"] and "qk_norm" in runs.varying_axes
+
+
+def test_the_analysis_reads_the_status_words_the_engine_writes():
+    """analysis/load.py declares summary.json's status words apart (it never imports the
+    engine); they are ablate/rundir.py's."""
+    from ablate import rundir
+    from ablate.analysis import load
+
+    assert (load.DONE, load.FINISHED, load.RUNNING) == (rundir.DONE, rundir.FINISHED, rundir.RUNNING)

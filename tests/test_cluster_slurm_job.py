@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from ablate.backends.slurm_backend import signal_delay_s
-from ablate.backends.slurm_job import parse_seconds, result_path
+from ablate.backends.slurm_job import parse_seconds, read_result, result_path
 from ablate.backends.slurm_tools import _sbatch_errors, is_active, parse_minutes
 from cluster_helpers import metrics, without_timing, write_grid
 
@@ -136,16 +136,14 @@ class _Planted:
 
 
 def test_the_grid_process_reads_a_tasks_json_result_and_never_unpickles_submitits(tmp_path, monkeypatch):
-    from ablate.backends.slurm_backend import _result_payload
-
     monkeypatch.chdir(tmp_path)
     folder = tmp_path / ".submitit"
     folder.mkdir()
     # What someone with write access to the shared folder could leave as submitit's result file.
     (folder / "7_3_0_result.pkl").write_bytes(pickle.dumps(("success", _Planted())))
-    assert _result_payload(folder, "7_3") is None
+    assert read_result(folder, "7_3") is None
     result_path(folder, "7_3").write_text(json.dumps(["done", "trained", {"status": "completed"}]))
-    assert _result_payload(folder, "7_3") == ("done", "trained", {"status": "completed"})
+    assert read_result(folder, "7_3") == ("done", "trained", {"status": "completed"})
     result_path(folder, "7_4").write_text(json.dumps({"not": "a payload"}))
-    assert _result_payload(folder, "7_4") is None
+    assert read_result(folder, "7_4") is None
     assert not (tmp_path / "planted-by-a-pickle").exists()

@@ -23,13 +23,15 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from ablate.cell import ENVIRONMENT_ERRNOS, Cell, CellOutcome, Execution, run_cell
+from ablate.cell import ENVIRONMENT_ERRNOS, Cell, CellOutcome, Execution, failed_summary, run_cell
 from ablate.errors import ConfigError
 from ablate.progress import Progress
 from ablate.rundir import SUMMARY, CellLock, read_json, write_json_atomic
 
 CellFn = Callable[..., CellOutcome]  # run_cell's signature: (cell, out_root, retries, quiet, execution=)
 OnChange = Callable[..., None]  # on_change(cell_id=ID) when a cell starts or ends; on_change(idle=True) while waiting
+# What call_cell returns, by its first element: ("done", outcome, summary), or (kind, message).
+PAYLOAD_KINDS = ("done", "refused", "error", "interrupted")
 
 
 class Backend:
@@ -68,8 +70,8 @@ class Backend:
 
 def call_cell(cell_fn: CellFn | None, cell: Cell, out_root: str, retries: int,
               execution: Execution | None = None) -> tuple:
-    """Run one cell (with run_cell, or `cell_fn` in tests); never raises. Returns ("done", outcome, summary) | ("refused", message)
-    | ("error", message) | ("interrupted", message)."""
+    """Run one cell (with run_cell, or `cell_fn` in tests); never raises. Returns a payload (see
+    PAYLOAD_KINDS): ("done", outcome, summary), or ("refused" | "error" | "interrupted", message)."""
     fn = cell_fn or run_cell
     try:
         result = fn(cell, out_root, retries, True, execution=execution)
@@ -123,10 +125,13 @@ def record_payload(progress: Progress, result: RunResult, slot: int | None, cell
 
 
 def fail_summary(out_root: str | Path, cell: Cell, error: str, attempts: int) -> dict:
-    """Record a cell whose worker kept dying as failed (run_cell could not)."""
+    """Record a cell whose worker kept dying as failed (run_cell could not), and return its
+    summary; one already there (the cell finished, only the message saying so was lost) is
+    returned as it is."""
     run_dir = Path(out_root) / cell.id
-    summary = {"status": "failed", "final_loss": None, "final_val_loss": None, "diverged_at_step": None,
-               "steps": None, "wall_time_s": None, "error": error, "attempts": attempts}
+    if (run_dir / SUMMARY).exists():
+        return read_json(run_dir / SUMMARY)
+    summary = failed_summary(error, attempts)
     lock = CellLock(run_dir)
     if lock.acquire():
         try:

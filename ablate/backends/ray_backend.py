@@ -15,7 +15,7 @@ from ablate.cell import Cell, Execution
 from ablate.errors import ConfigError
 from ablate.grid_state import refresh_grid_json
 from ablate.progress import Progress
-from ablate.rundir import SUMMARY, CellLock, read_json
+from ablate.rundir import CellLock
 
 class RayBackend(Backend):
     """One Ray task per cell with `cpus_per_cell` CPUs (default 1, also its torch threads)."""
@@ -142,13 +142,9 @@ def run_ray(
                 cell = refs.pop(ref)
                 try:
                     payload = ray.get(ref)
-                except ray.exceptions.RayError as e:  # the task's worker kept dying
-                    summary_path = Path(out_root) / cell.id / SUMMARY
-                    if summary_path.exists():
-                        payload = ("done", "trained", read_json(summary_path))
-                    else:
-                        error = f"Ray task lost: {type(e).__name__}"
-                        payload = ("done", "trained", fail_summary(out_root, cell, error, retries + 1))
+                except ray.exceptions.RayError as e:  # the task's worker kept dying (or its message was lost)
+                    summary = fail_summary(out_root, cell, f"Ray task lost: {type(e).__name__}", retries + 1)
+                    payload = ("done", "trained", summary)
                 record_payload(progress, result, None, cell, payload, time.time() - started[ref])
                 on_change()
             on_change(idle=True)

@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from ablate.backends import slurm_tools
-from ablate.backends.slurm_job import SlurmCellJob
+from ablate.backends.slurm_job import SlurmCellJob, read_result
 from ablate.backends.base import Backend, RunResult, record_payload
 from ablate.cell import Cell, Execution, finished_status
 from ablate.errors import ConfigError
 from ablate.progress import Progress
-from ablate.rundir import SUMMARY, read_json, write_json_atomic
+from ablate.rundir import DONE, SUMMARY, read_json, write_json_atomic
 
 INSTALL_HINT = "the slurm backend needs submitit, which is not installed; valid: pip install -e .[slurm], or --backend local|ray"
 CLUSTERS = ("slurm", "local", "debug")
@@ -182,18 +182,9 @@ def _submit(executor, cells: list[Cell], out_root: str, retries: int, record, ex
 # ------------------------------------------------------------------------------ following
 
 
-def _result_payload(folder: Path, job_id: str) -> tuple | None:
-    """What the task returned, from the JSON file it writes beside submitit's logs
-    (slurm_job.result_path), or None if it wrote none. submitit's own result pickle is never
-    read: unpickling a file in a shared folder would run whatever code someone put there."""
-    from ablate.backends.slurm_job import read_result
-
-    return read_result(folder, job_id)
-
-
 def _ended_payload(folder: Path, job_id: str, state: str | None) -> tuple:
     """The outcome of a job that left the queue before its cell had a summary.json."""
-    payload = _result_payload(folder, job_id)
+    payload = read_result(folder, job_id)
     if payload is not None:
         return payload
     how = f"ended {state}" if state else "left the queue"
@@ -273,8 +264,8 @@ def _run_queued(executor, folder: Path, cells, out_root, retries, wait, progress
             for cell_id, job_id in list(follow.items()):
                 cell, run_dir = by_id[cell_id], Path(out_root) / cell_id
                 state = None if states is None else states.get(job_id)
-                if finished_status(run_dir) in ("completed", "diverged"):
-                    payload = _result_payload(folder, job_id)
+                if finished_status(run_dir) in DONE:
+                    payload = read_result(folder, job_id)
                     if payload is None or payload[0] != "done":
                         payload = ("done", "trained", read_json(run_dir / SUMMARY))
                 elif states is None or slurm_tools.is_active(state):
@@ -328,7 +319,7 @@ def _run_unqueued(executor, cluster, cells, out_root, retries, wait, progress, r
                 try:
                     # The debug executor runs the task in this process and hands its value back
                     # from memory; the others leave the task's JSON result in the folder.
-                    payload = job.result() if cluster == "debug" else _result_payload(Path(executor.folder), job_id)
+                    payload = job.result() if cluster == "debug" else read_result(executor.folder, job_id)
                     if payload is None:
                         raise RuntimeError("the task wrote no result")
                 except Exception as e:  # noqa: BLE001

@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ablate.backends.base import call_cell, cpu_count
+from ablate.backends.base import PAYLOAD_KINDS, call_cell, cpu_count
 from ablate.cell import Cell, Execution
 from ablate.backends.slurm_tools import parse_seconds
 from ablate.rundir import SUMMARY, read_json, write_json_atomic
@@ -182,10 +182,13 @@ def _write_result(payload: tuple) -> None:
 
 
 def read_result(folder: str | Path, job_id: str) -> tuple | None:
+    """What the task returned, from the JSON file it writes beside submitit's logs (result_path),
+    or None if it wrote none or something else. submitit's own result pickle is never read:
+    unpickling a file in a shared folder would run whatever code someone put there."""
     try:
         value = read_json(result_path(folder, job_id))
     except (OSError, ValueError):
         return None
-    if isinstance(value, list) and value and value[0] in ("done", "refused", "error", "interrupted"):
+    if isinstance(value, list) and value and value[0] in PAYLOAD_KINDS:
         return tuple(value)
     return None

@@ -19,12 +19,11 @@ from pathlib import Path
 import jsonlines
 
 from ablate.errors import ConfigError
-from ablate.rundir import CellLock
+from ablate.rundir import DONE, FAILED, FINISHED, PENDING, RUNNING, SUMMARY, CellLock
 from ablate.timefmt import fmt_time
 
 TAIL_BYTES = 16384  # enough for a few metrics rows of a deep model's per-layer keys
 MAX_TAIL_BYTES = 1 << 20
-DONE = ("completed", "diverged")
 
 
 def add_arguments(p) -> None:
@@ -97,19 +96,19 @@ def rate(rows: list[dict]) -> float | None:
 
 
 def cell_state(run_dir: Path, cell_id: str, planned: int | None) -> CellState:
-    summary = run_dir / "summary.json"
+    summary = run_dir / SUMMARY
     if summary.is_file():
-        status = str((_read_object(summary) or {}).get("status", "failed"))  # damaged: not a result
-        return CellState(cell_id, status if status in (*DONE, "failed") else "failed", planned)
+        status = str((_read_object(summary) or {}).get("status", FAILED))  # damaged: not a result
+        return CellState(cell_id, status if status in FINISHED else FAILED, planned)
     steps = _object((_read_object(run_dir / "config.json") or {}).get("train")).get("steps")
     planned = steps if isinstance(steps, int) else planned
     running = CellLock(run_dir).is_held_elsewhere()
     if not running and not (run_dir / "metrics.jsonl").exists():
-        return CellState(cell_id, "pending", planned)
+        return CellState(cell_id, PENDING, planned)
     rows = tail_rows(run_dir / "metrics.jsonl")
     last = rows[-1] if rows else {}
     losses = [r["loss"] for r in rows if isinstance(r.get("loss"), (int, float))]
-    return CellState(cell_id, "running" if running else "interrupted", planned, last.get("step"),
+    return CellState(cell_id, RUNNING if running else "interrupted", planned, last.get("step"),
                      losses[-1] if losses else None, rate(rows) if running else None)
 
 
@@ -135,14 +134,13 @@ def grid_states(root: Path) -> tuple[dict | None, list[CellState]]:
 
 
 def render(root: Path, grid: dict | None, cells: list[CellState]) -> str:
-    count = {s: sum(c.status == s for c in cells) for s in ("completed", "diverged", "failed", "running",
-                                                            "interrupted", "pending")}
-    done = count["completed"] + count["diverged"]
+    count = {s: sum(c.status == s for c in cells) for s in (*FINISHED, RUNNING, "interrupted", PENDING)}
+    done = sum(count[s] for s in DONE)
     name = f" ({grid['name']})" if grid and grid.get("name") else ""
     lines = [f"{root}{name}: {len(cells)} cell{'s' if len(cells) != 1 else ''}: {done} done ({count['completed']} completed, "
              f"{count['diverged']} diverged), {count['running']} running, {count['failed']} failed, "
              f"{count['pending'] + count['interrupted']} pending ({count['interrupted']} interrupted, resume on rerun)"]
-    running = [c for c in cells if c.status == "running"]
+    running = [c for c in cells if c.status == RUNNING]
     if running:
         width = max(len(c.cell_id) for c in running)
         lines.append(f"  {'running cell':<{width}}  {'step':>13}  {'loss':>8}  {'steps/s':>8}  {'left':>8}")
@@ -159,12 +157,12 @@ def render(root: Path, grid: dict | None, cells: list[CellState]) -> str:
 def time_left(cells: list[CellState]) -> str:
     """The grid's remaining steps over the running cells' combined rate: as many cells at
     once as now, each as fast as the running ones."""
-    todo = [c for c in cells if c.status in ("running", "interrupted", "pending")]
+    todo = [c for c in cells if c.status in (RUNNING, "interrupted", PENDING)]
     if not todo:
         return "time left: none, every cell has finished"
-    rates = [c.steps_per_s for c in cells if c.status == "running" and c.steps_per_s]
+    rates = [c.steps_per_s for c in cells if c.status == RUNNING and c.steps_per_s]
     left = [c.steps_left for c in todo]
-    if not any(c.status == "running" for c in cells):
+    if not any(c.status == RUNNING for c in cells):
         return "time left: unknown, no cell is running (rerun to resume)"
     if not rates:
         return "time left: unknown (no running cell has logged a rate yet)"
