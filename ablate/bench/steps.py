@@ -97,7 +97,6 @@ class StepComparison:
     model: str
     n_layer: int
     tokens_per_step: int
-    steps: int
     on: list[LockstepRun] = field(default_factory=list)  # every run's partners: tanh and erf
     off: list[LockstepRun] = field(default_factory=list)
     same_math: list[LockstepRun] = field(default_factory=list)  # probes on, act=gelu_erf
@@ -166,7 +165,7 @@ def compare_steps(model: str = "tiny", layers: int | None = None, steps: int = 6
     threads = threads or torch.get_num_threads()
     size = get_size(model).with_layers(layers)
     tokens = load_data(None, size.tokenizer, size.vocab_size).train[0]
-    result = StepComparison(model, size.n_layer, BATCH * size.context, steps)
+    result = StepComparison(model, size.n_layer, BATCH * size.context)
 
     def plain(gelu: str) -> PlainLoop:
         return PlainLoop(size, tokens, BATCH, LR, SEED, device, gelu=gelu)

@@ -98,8 +98,8 @@ def _steps(args, models: list[str], threads: int) -> None:
     results = []
     # The peak is measured before the step comparison and after it, and the better of the two
     # kept per shape: on a shared machine one measurement can land in a slow moment.
-    before = {model: flops.measure_peak(get_size(model).with_layers(args.layers),
-                                        BATCH * get_size(model).context, threads) for model in models}
+    sizes = {model: get_size(model).with_layers(args.layers) for model in models}
+    before = {model: flops.measure_peak(size, BATCH * size.context, threads) for model, size in sizes.items()}
     for model in models:
         c = compare_steps(model, args.layers, args.steps, args.repeats, threads, probe_every=args.probe_every)
         results.append(c)
@@ -119,7 +119,7 @@ def _steps(args, models: list[str], threads: int) -> None:
     from ablate.bench.harness import step_breakdown
 
     for c in results:
-        size = get_size(c.model).with_layers(args.layers)
+        size = sizes[c.model]
         peak = flops.measure_peak(size, BATCH * size.context, threads).best_of(before[c.model])
         per_token = flops.flops_per_token(size)
         plain = per_token * c.tok_s(c.on, "tanh")
