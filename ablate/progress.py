@@ -7,6 +7,7 @@ import time
 from collections import Counter
 from typing import Any, Iterable
 
+from ablate.rundir import FAILED
 from ablate.timefmt import fmt_time
 
 
@@ -15,7 +16,7 @@ def describe_result(outcome: str, summary: dict | None) -> tuple[str, str]:
     if outcome == "busy":
         return "busy", "running in another process"
     s = summary or {}
-    status = s.get("status", "failed")
+    status = s.get("status", FAILED)
     if status == "completed":
         val = s.get("final_val_loss")
         detail = f"final loss {s.get('final_loss'):.4f}" if s.get("final_loss") is not None else "final loss n/a"

@@ -24,7 +24,7 @@ from ablate.backends.base import Backend, CellFn, RunResult, call_cell, cpu_coun
 from ablate.cell import Cell, Execution
 from ablate.grid_state import cell_status
 from ablate.progress import Progress
-from ablate.rundir import SUMMARY, read_json
+from ablate.rundir import PENDING, SUMMARY, read_json
 
 
 class LocalBackend(Backend):
@@ -72,7 +72,7 @@ class LocalBackend(Backend):
         # process stopped) is trained here: this grid never ends with a cell nobody trains.
         for _ in range(3):
             again = [c for c in todo if result.outcomes.get(c.id) == "busy"
-                     and cell_status(self.out, c.id) == "pending"]
+                     and cell_status(self.out, c.id) == PENDING]
             if not again:
                 break
             progress.write(f"grid {self.grid.name}: {len(again)} cell{'s' if len(again) != 1 else ''} another "

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ablate.backends import BACKENDS
 from ablate.errors import ConfigError
+from ablate.rundir import PENDING
 
 
 def add_arguments(p) -> None:
@@ -84,7 +85,7 @@ def dry_run(grid, out: Path) -> int:
     lines = []
     for cell in grid.cells:
         cfg = cell.setting
-        status = cell_status(out, cell.id) if cell.id in present else "pending"
+        status = cell_status(out, cell.id) if cell.id in present else PENDING
         lines.append(f"  {status:<10}{cfg.model:<12}{cfg.size.n_layer:>6}{cfg.steps:>7}  {cell.id}\n")
     sys.stdout.write("".join(lines))
     if grid.duplicates:

@@ -8,6 +8,7 @@ from pathlib import Path
 from ablate.config import EXECUTION, EXPERIMENT, OBSERVATION, OPTION_NAMES, OPTIONS, TRAIN_ID_OPTIONS
 from ablate.errors import ConfigError
 from ablate.grids import parse_overrides
+from ablate.rundir import FAILED
 from ablate.variants import AXES
 
 ROLE_TITLES = {EXPERIMENT: "experiment options (define the run; named in its folder when given)",
@@ -73,7 +74,7 @@ def run(args) -> int:
                            "valid: fewer of these options, or shorter values")
     run_dir = args.out / cell.id
     check_out_path(args.out, run_dir)
-    if finished_status(run_dir) == "failed":  # tried again: say so, and what the last try said
+    if finished_status(run_dir) == FAILED:  # tried again: say so, and what the last try said
         try:
             error = read_json(run_dir / SUMMARY).get("error")
         except (OSError, ValueError, AttributeError):
@@ -98,7 +99,7 @@ def run(args) -> int:
     if result.outcome == "busy":
         print(f"{run_dir} is being trained by another process; nothing to do", file=sys.stderr)
         return 1
-    if s.get("status") == "failed":  # never exit 0 over a failed run, also one failed by another process
+    if s.get("status") == FAILED:  # never exit 0 over a failed run, also one failed by another process
         print(f"{run_dir}: failed: {s['error']}", file=sys.stderr)
         return 1
     if result.outcome == "skipped":
