@@ -34,10 +34,15 @@ class CausalSelfAttention(nn.Module):
 
     def qkv(self, x: torch.Tensor):
         """Queries, keys and values, (B, heads, T, d_head) each, queries and keys normalised
-        when the block has qk-norm. The stability probes call this to see the logits."""
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        when the block has qk-norm."""
+        return self.heads(self.c_attn(x))
+
+    def heads(self, qkv: torch.Tensor):
+        """`c_attn`'s output (B, T, 3C) split into heads (and qk-normed). The stability probes
+        keep `c_attn`'s output and call this to see the logits the forward computed."""
+        B, T, C3 = qkv.shape
+        q, k, v = qkv.split(C3 // 3, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C3 // 3 // self.n_head).transpose(1, 2) for t in (q, k, v))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         return q, k, v

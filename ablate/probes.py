@@ -133,12 +133,12 @@ class Stability:
     and the output logits' mean log-partition and largest value.
 
     Where the inputs come from, by cost: forward hooks copy the slice of each block's
-    attention input and output as the training forward computes them (a small copy per hook,
-    on the steps the loop arms them for with `capture`, which also keeps the whole batch's
-    activations from outliving the backward), so
-    a probed step adds only `qkv` on the slice and its T x T scores: about 3.5% of a step on
-    `tiny` x 12 blocks, where a separate no-grad forward of the slice alone measured about 7%
-    (small models pay per op, and it repeats every op of the forward). Hooks inside a
+    query-key-value projection (`c_attn`'s output) and of its output as the training forward
+    computes them (a small copy per hook, on the steps the loop arms them for with `capture`,
+    which also keeps the whole batch's activations from outliving the backward), so a probed
+    step adds only the slice's T x T scores, not a matmul: a separate no-grad forward of the
+    slice alone measured about 7% of a step on `tiny` x 12 blocks (small models pay per op,
+    and it repeats every op of the forward). Hooks inside a
     torch.compile'd forward would be traced into its graph (or, attached later, skipped), so
     there they are attached only around a no-grad eager forward of the slice, at the same
     weights and through the same kernel backend, and the compiled forward stays as it is. The
@@ -149,7 +149,7 @@ class Stability:
         self.model, self.compiled = model, compiled
         self.autocast = autocast
         n = len(model.blocks)
-        self.attn_in: list[torch.Tensor | None] = [None] * n
+        self.qkv_out: list[torch.Tensor | None] = [None] * n  # each block's c_attn output
         self.stream_in: list[torch.Tensor | None] = [None]  # the first block's input (the embeddings)
         self.block_out: list[torch.Tensor | None] = [None] * n
         # Set by the training loop before a forward whose step it will measure: the hooks copy
@@ -171,7 +171,7 @@ class Stability:
 
         handles = []
         for i, block in enumerate(self.model.blocks):
-            handles.append(block.attn.register_forward_pre_hook(keep(self.attn_in, i)))
+            handles.append(block.attn.c_attn.register_forward_hook(keep(self.qkv_out, i)))
             if i == 0:  # every later block's input is the block before's output, kept already
                 handles.append(block.register_forward_pre_hook(keep(self.stream_in, 0)))
             handles.append(block.register_forward_hook(keep(self.block_out, i)))
@@ -206,18 +206,18 @@ class Stability:
         models need `capture` set before that forward; what it kept is used once."""
         if self.compiled:
             self._eager_forward(x)
-        if any(h is None for h in self.attn_in + self.stream_in + self.block_out):
+        if any(h is None for h in self.qkv_out + self.stream_in + self.block_out):
             raise RuntimeError("Stability.measure: the training forward kept nothing to measure; "
                                "set capture = True before the forward of a probed step")
         with self._autocast():  # q and k as the training forward computed them
-            qk = [block.attn.qkv(h)[:2] for block, h in zip(self.model.blocks, self.attn_in)]
+            qk = [block.attn.heads(h)[:2] for block, h in zip(self.model.blocks, self.qkv_out)]
         n, heads, T, _ = qk[0][0].shape
         chunk = max(1, SCORES_PER_CHUNK // (n * heads * T * T))  # layers whose scores are formed at once
         stats = [attention_logit_stats(torch.stack([q for q, _ in qk[i:i + chunk]]),
                                        torch.stack([k for _, k in qk[i:i + chunk]])) for i in range(0, len(qk), chunk)]
         logits = logits[:PROBE_SEQUENCES].detach().float()
         block_out, stream_in = torch.stack(self.block_out), torch.stack(self.stream_in + self.block_out[:-1])
-        for kept in (self.attn_in, self.stream_in, self.block_out):  # in place: the hooks hold these lists
+        for kept in (self.qkv_out, self.stream_in, self.block_out):  # in place: the hooks hold these lists
             kept[:] = [None] * len(kept)  # used once: an unarmed later step cannot measure this one's
         return torch.cat([*(m for m, _ in stats), *(e for _, e in stats),
                           mean_cosine_similarity(block_out), relative_change(stream_in, block_out),
@@ -231,15 +231,16 @@ def attention_logit_stats(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tenso
     layers at once: on small models the probes' cost is per op, not per element."""
     layers, (T, d) = q.shape[0], q.shape[-2:]
     q, k = q.float().reshape(-1, T, d), k.float().reshape(-1, T, d)
-    logits = (q * d**-0.5) @ k.transpose(1, 2)
-    masked = logits + torch.full((T, T), float("-inf"), device=q.device).triu(1)  # no future keys
+    future = torch.full((T, T), float("-inf"), device=q.device).triu(1)
+    masked = torch.baddbmm(future, q, k.transpose(1, 2), alpha=d**-0.5)  # scale, product and mask in one op
     p = masked.softmax(dim=-1)
     row_max = masked.amax(-1)
     # Entropy = log Z - sum_j p_j s_j, with log Z = s_j - log p_j read at the likeliest key
-    # (p_j >= 1/T there, so its log is safe): one log per query instead of per (query, key),
-    # and no 0 * -inf at the future keys, whose p_j is 0 and whose s_j in `logits` is finite.
+    # (p_j >= 1/T there, so its log is safe): one log per query instead of per (query, key).
+    # sum_j p_j s_j = q . (sum_j p_j k_j) / sqrt(d): T x d products instead of T x T, and the
+    # future keys, whose p_j is 0, add nothing (no 0 * -inf).
     log_z = row_max - p.amax(-1).log()
-    entropy = log_z - (p * logits).sum(-1)
+    entropy = log_z - (torch.bmm(p, k) * q).sum(-1) * d**-0.5
     return row_max.view(layers, -1).amax(-1), entropy.view(layers, -1).mean(-1)
 
 

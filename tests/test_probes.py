@@ -186,7 +186,7 @@ def test_the_capture_hooks_copy_only_on_armed_forwards_and_each_capture_is_measu
     model = build_model(make_variant(), size)
     stability = Probes(model).stability
     idx = torch.randint(0, size.vocab_size, (4, 16))
-    kept = lambda: stability.attn_in + stability.stream_in + stability.block_out  # noqa: E731
+    kept = lambda: stability.qkv_out + stability.stream_in + stability.block_out  # noqa: E731
     logits = model(idx, idx)[0]
     assert all(t is None for t in kept())
     with pytest.raises(RuntimeError, match="set capture = True"):
