@@ -7,7 +7,7 @@ import time
 from collections import Counter
 from typing import Any, Iterable
 
-from ablate.rundir import FAILED
+from ablate.rundir import COMPLETED, DIVERGED, FAILED
 from ablate.timefmt import fmt_time
 
 
@@ -17,11 +17,11 @@ def describe_result(outcome: str, summary: dict | None) -> tuple[str, str]:
         return "busy", "running in another process"
     s = summary or {}
     status = s.get("status", FAILED)
-    if status == "completed":
+    if status == COMPLETED:
         val = s.get("final_val_loss")
         detail = f"final loss {s.get('final_loss'):.4f}" if s.get("final_loss") is not None else "final loss n/a"
         detail += f", val {val:.4f}" if val is not None else ""
-    elif status == "diverged":
+    elif status == DIVERGED:
         detail = f"diverged at step {s.get('diverged_at_step')}"
     else:
         attempts = s.get("attempts")

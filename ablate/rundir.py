@@ -26,7 +26,8 @@ LEGACY_TEMPORARIES = ("checkpoint.tmp", "metrics.tmp")
 # A run's status in its summary.json: DONE runs are results and are never trained again; a
 # failed run is tried again. A cell folder without summary.json is running (its lock is held by
 # a live process) or pending.
-DONE = ("completed", "diverged")
+COMPLETED, DIVERGED = "completed", "diverged"
+DONE = (COMPLETED, DIVERGED)
 FAILED = "failed"
 FINISHED = DONE + (FAILED,)
 RUNNING, PENDING = "running", "pending"

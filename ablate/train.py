@@ -29,7 +29,8 @@ from ablate.kernels import get_backend
 from ablate.model import GPT, build_model
 from ablate.probes import Probes
 from ablate.provenance import git_commit, versions
-from ablate.rundir import CHECKPOINT, CONFIG, METRICS, SUMMARY, finite_or_none, read_json, replace_atomic, write_json_atomic
+from ablate.rundir import (CHECKPOINT, COMPLETED, CONFIG, DIVERGED, METRICS, SUMMARY, finite_or_none, read_json,
+                           replace_atomic, write_json_atomic)
 from ablate.schedule import lr_at
 from ablate.sizes import ModelSize
 from ablate.variants import AXES, OPTIMIZERS
@@ -377,7 +378,7 @@ def _train(cell, run_dir: Path, plan: RunPlan, old: dict | None, threads: int, q
     model.record_act_norms = cfg.probes
     forward = torch.compile(model) if cfg.compile else model
     tokens_per_step = cfg.batch_size * cfg.context
-    status, diverged_at, val_loss, step = "completed", None, None, start - 1
+    status, diverged_at, val_loss, step = COMPLETED, None, None, start - 1
     bar = _progress(cfg, start, quiet)
     clock0 = time.perf_counter() - elapsed  # time_s is wall-clock training time, resumes included
     with _open_metrics(run_dir / METRICS) as log, _graceful_signals() as signals:
@@ -429,7 +430,7 @@ def _train(cell, run_dir: Path, plan: RunPlan, old: dict | None, threads: int, q
             if after_step is not None:
                 after_step()
             if diverged:
-                status, diverged_at = "diverged", step
+                status, diverged_at = DIVERGED, step
                 break
             if not last and ((step + 1) % cfg.checkpoint_every == 0 or signals):
                 elapsed = time.perf_counter() - clock0
@@ -442,8 +443,8 @@ def _train(cell, run_dir: Path, plan: RunPlan, old: dict | None, threads: int, q
         bar.close()
     summary = {
         "status": status,
-        "final_loss": sum(recent) / len(recent) if status == "completed" and recent else None,
-        "final_val_loss": finite_or_none(val_loss) if status == "completed" else None,
+        "final_loss": sum(recent) / len(recent) if status == COMPLETED and recent else None,
+        "final_val_loss": finite_or_none(val_loss) if status == COMPLETED else None,
         "diverged_at_step": diverged_at,
         "steps": step + 1,
         "wall_time_s": elapsed,

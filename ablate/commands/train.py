@@ -8,7 +8,7 @@ from pathlib import Path
 from ablate.config import EXECUTION, EXPERIMENT, OBSERVATION, OPTION_NAMES, OPTIONS, TRAIN_ID_OPTIONS
 from ablate.errors import ConfigError
 from ablate.grids import parse_overrides
-from ablate.rundir import FAILED
+from ablate.rundir import COMPLETED, FAILED
 from ablate.variants import AXES
 
 ROLE_TITLES = {EXPERIMENT: "experiment options (define the run; named in its folder when given)",
@@ -106,7 +106,7 @@ def run(args) -> int:
         print(f"{run_dir} already finished ({s['status']}); nothing to do")
     else:
         val = s["final_val_loss"]
-        detail = (f"final loss {s['final_loss']:.4f}, val loss {val:.4f}" if s["status"] == "completed"
+        detail = (f"final loss {s['final_loss']:.4f}, val loss {val:.4f}" if s["status"] == COMPLETED
                   else f"diverged at step {s['diverged_at_step']}")
         print(f"{run_dir}: {s['status']} after {s['steps']} steps in {s['wall_time_s']:.1f}s, {detail}")
     return 0
