@@ -134,8 +134,9 @@ class Stability:
 
     Where the inputs come from, by cost: forward hooks copy the slice of each block's
     query-key-value projection (`c_attn`'s output) and of its output as the training forward
-    computes them (a small copy per hook, on the steps the loop arms them for with `capture`,
-    which also keeps the whole batch's activations from outliving the backward), so a probed
+    computes them (a small copy per hook; the hooks are attached only for the forwards the loop
+    arms them for with `capture`, so other steps pay nothing, not even a hooked module call,
+    and the whole batch's activations never outlive the backward), so a probed
     step adds only the slice's T x T scores, not a matmul: a separate no-grad forward of the
     slice alone measured about 7% of a step on `tiny` x 12 blocks (small models pay per op,
     and it repeats every op of the forward). Hooks inside a
@@ -152,19 +153,30 @@ class Stability:
         self.qkv_out: list[torch.Tensor | None] = [None] * n  # each block's c_attn output
         self.stream_in: list[torch.Tensor | None] = [None]  # the first block's input (the embeddings)
         self.block_out: list[torch.Tensor | None] = [None] * n
-        # Set by the training loop before a forward whose step it will measure: the hooks copy
-        # nothing on the other steps.
-        self.capture = False
+        self._handles: list | None = None  # the capture hooks, while attached
         self.names = ([f"attn_logit_max/layer_{i}" for i in range(n)] + [f"attn_entropy/layer_{i}" for i in range(n)]
                       + [f"cos_sim/layer_{i}" for i in range(n)] + [f"block_change/layer_{i}" for i in range(n)]
                       + ["logit_lse", "logit_max"])
-        if not compiled:
-            self._attach()
+
+    @property
+    def capture(self) -> bool:
+        """Set by the training loop before the forward of a step it will measure (the hooks are
+        attached), and unset before the others (they are removed)."""
+        return self._handles is not None
+
+    @capture.setter
+    def capture(self, on: bool) -> None:
+        if on and self._handles is None:
+            self._handles = self._attach()
+        elif not on and self._handles is not None:
+            for h in self._handles:
+                h.remove()
+            self._handles = None
 
     def _attach(self) -> list:
         def keep(store, i):
             def hook(module, inputs, output=None):
-                if module.training and self.capture:  # a probed step's forward, not validation
+                if module.training:  # a probed step's forward, not validation
                     t = inputs[0] if output is None else output
                     store[i] = t[:PROBE_SEQUENCES].detach().clone()
             return hook
@@ -187,14 +199,11 @@ class Stability:
         model's per-step records (act_norms) as the training forward left them."""
         model = self.model
         saved = model.record_act_norms, model.act_norms
-        handles = self._attach()
         try:
             self.capture, model.record_act_norms = True, False
             with self._autocast():
                 model(x[:PROBE_SEQUENCES])
         finally:
-            for h in handles:
-                h.remove()
             self.capture = False
             model.record_act_norms, model.act_norms = saved
 

@@ -187,6 +187,8 @@ def test_the_capture_hooks_copy_only_on_armed_forwards_and_each_capture_is_measu
     stability = Probes(model).stability
     idx = torch.randint(0, size.vocab_size, (4, 16))
     kept = lambda: stability.qkv_out + stability.stream_in + stability.block_out  # noqa: E731
+    hooked = lambda: sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())  # noqa: E731
+    assert hooked() == 0  # an unarmed forward does not even call a hook
     logits = model(idx, idx)[0]
     assert all(t is None for t in kept())
     with pytest.raises(RuntimeError, match="set capture = True"):
@@ -198,6 +200,9 @@ def test_the_capture_hooks_copy_only_on_armed_forwards_and_each_capture_is_measu
     assert all(t is None for t in kept())
     with pytest.raises(RuntimeError, match="kept nothing"):
         stability.measure(idx, logits)
+    assert hooked() == 1 + 2 * size.n_layer  # armed: each c_attn, each block, block 0's input
+    stability.capture = False
+    assert hooked() == 0
 
 
 def test_a_run_logs_the_probes_of_the_weights_and_batch_its_step_ran_with(tmp_path, monkeypatch):
