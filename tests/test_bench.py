@@ -187,6 +187,25 @@ def test_the_breakdown_buckets_ops_by_name_and_holds_the_matmuls_against_the_pea
     assert "matmul 50%, attention 25%" in b.describe() and "ran at 50% of the step-mix peak" in b.describe()
 
 
+def test_a_cpu_profile_drops_kinetos_usdt_lines_and_passes_on_the_rest_of_stderr(capfd):
+    import os
+    import sys
+
+    from ablate.bench.harness import cpu_profile
+
+    with cpu_profile() as prof:
+        torch.ones(3).add_(1)
+        os.write(2, b"USDT:2026-12-01 00:00:00 1:1 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        os.write(2, b"a warning from C++\n")
+        print("a warning from Python", file=sys.stderr)
+    err = capfd.readouterr().err
+    assert "USDT" not in err
+    assert "a warning from C++\n" in err and "a warning from Python\n" in err
+    assert any(e.key == "aten::add_" for e in prof.key_averages())
+    os.write(2, b"after\n")
+    assert capfd.readouterr().err == "after\n"  # stderr is the terminal's again
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--steps", "1"], "--steps 1: need at least 8"),
     (["--repeats", "0"], "--repeats 0: need a whole number of at least 1"),

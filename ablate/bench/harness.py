@@ -3,6 +3,7 @@ loop's, and the GPU figures. The step comparison is in steps.py, the matmul peak
 in flops.py, grid scaling in grid_scaling.py."""
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -48,17 +49,39 @@ def peak_memory_tiny_cell(steps: int = 20) -> float:
     return int(out.strip().splitlines()[-1]) / 1024
 
 
+@contextlib.contextmanager
+def cpu_profile():
+    """torch.profiler over the CPU, without the `USDT: ... profiler_start` and `profiler_stop`
+    lines Kineto writes to the process's stderr around every profile (no setting turns them
+    off); anything else written to stderr meanwhile is passed on after the profile."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                yield prof
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            sys.stderr.write("".join(line for line in caught.read().decode(errors="replace").splitlines(keepends=True)
+                                     if not line.startswith("USDT:")))
+            sys.stderr.flush()
+
+
 def profile_steps(model: str = "tiny", layers: int | None = None, steps: int = 10, top: int = 15) -> str:
     """Where a step's time goes: torch.profiler's self-CPU table of the harness (probes on)
     and of the plain loop on the same model, one after the other."""
-    from torch.profiler import ProfilerActivity, profile
-
     size = get_size(model).with_layers(layers)
     tokens = load_data(None, size.tokenizer, size.vocab_size).train[0]
     options = harness_options(model, layers, steps, True, torch.get_num_threads(), "cpu")
-    with tempfile.TemporaryDirectory() as tmp, profile(activities=[ProfilerActivity.CPU]) as harness_prof:
+    with tempfile.TemporaryDirectory() as tmp, cpu_profile() as harness_prof:
         train(Cell.from_options(options), Path(tmp) / "p")
-    with profile(activities=[ProfilerActivity.CPU]) as plain_prof:
+    with cpu_profile() as plain_prof:
         plain_training_steps(size, tokens, steps, BATCH, LR, SEED)
     return "\n".join([
         f"harness, {model} x {size.n_layer} blocks, {steps} steps, probes on (self CPU time):",
@@ -102,15 +125,13 @@ def step_breakdown(size, peak, threads: int, steps: int = 12) -> Breakdown:
     """Profile a harness run of the default block with every probe on, bucket its ops' self
     CPU time by CATEGORIES, and hold the matmuls' own rate against `peak` (flops.Peak). The
     model build and the one final validation batch are in it too (a few percent at most)."""
-    from torch.profiler import ProfilerActivity, profile
-
     from ablate.bench.flops import step_matmuls
 
     options = harness_options(size.name, size.n_layer, steps, True, threads, "cpu")
     outer = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        with tempfile.TemporaryDirectory() as tmp, profile(activities=[ProfilerActivity.CPU]) as prof:
+        with tempfile.TemporaryDirectory() as tmp, cpu_profile() as prof:
             train(Cell.from_options(options), Path(tmp) / "p")
     finally:
         torch.set_num_threads(outer)
