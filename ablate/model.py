@@ -83,7 +83,8 @@ class GPT(nn.Module):
         # (one op per block; the probes divide by sqrt(elements) once to get the RMS).
         self.record_act_norms = False
         self.act_norms: list[torch.Tensor] = []
-        self.reset_parameters()
+        if self.wte.weight.device.type != "meta":  # a meta model (counting parameters) has no values to fill
+            self.reset_parameters()
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         T = idx.shape[1]
