@@ -135,10 +135,10 @@ def test_bench_prints_what_it_times_the_step_table_and_the_fraction_of_peak(caps
     rows = [cells_of(line) for line in out.splitlines() if line.startswith("| tiny |")]
     assert len(rows) == 2
     steps_row, flops_row = rows
-    assert len(steps_row) == 10 and steps_row[1] == "2"
-    for cell in steps_row[4:8]:
+    assert len(steps_row) == 11 and steps_row[1] == "2"
+    for cell in steps_row[4:9]:
         assert re.fullmatch(RATIO, cell), cell
-    assert re.fullmatch(r"[+-]\d+\.\d% \[[+-]\d+\.\d%\.\.[+-]\d+\.\d%\]", steps_row[9])
+    assert re.fullmatch(r"[+-]\d+\.\d% \[[+-]\d+\.\d%\.\.[+-]\d+\.\d%\]", steps_row[10])
     assert len(flops_row) == 10 and flops_row[2] == f"{flops.flops_per_token(get_size('tiny').with_layers(2)):,}"
     assert all(re.fullmatch(r"\d+%", c) for c in flops_row[7:])
     assert "(1 torch thread, " in out and "matmul GFLOP/s: attn qkv: fwd 1024x64x192" in out

@@ -1,7 +1,7 @@
 """The harness's training step against the plain nanoGPT-style loop, in lockstep.
 
-Each repeat trains, in a rotated order, the harness's default block with every probe on, with
-probes off, and with every probe on but nanoGPT's GELU (act=gelu_erf). Every harness step is
+Each repeat trains, in a rotated order, the harness's default block with every probe on and
+with probes off, and the same block with nanoGPT's GELU (act=gelu_erf) with probes on and off. Every harness step is
 followed, in the same process, by one step of each plain loop (its partners, one per GELU,
 taking turns to go first), outside the step time the harness logs. A machine this shared slows down and speeds up over seconds, so a ratio of runs
 taken one after the other measures the machine as much as the loops; partner steps a tenth of
@@ -47,7 +47,8 @@ harness period: the time between consecutive metrics.jsonl time_s, less the plai
                 between: the logged step plus the per-step bookkeeping around it (writing the
                 metrics line, divergence and checkpoint checks)
 harness:        the default block (GELU tanh, GPT-2's); "gelu_erf" is the same block with
-                nanoGPT's GELU. Same-math pairs (tanh/tanh, erf/erf) are the harness's own cost
+                nanoGPT's GELU. Same-math pairs (tanh/tanh, erf/erf) are the harness's own cost;
+                gelu_erf with probes off, its loop's alone
 probes on:      every probe at log_every 1{probe_every}; off: probes = false
 each run: {steps} steps, batch {batch}, constant lr, the first {skip} steps left out; a run's
                 speed is its steps' total time (every probed step in it)"""
@@ -100,6 +101,7 @@ class StepComparison:
     on: list[LockstepRun] = field(default_factory=list)  # every run's partners: tanh and erf
     off: list[LockstepRun] = field(default_factory=list)
     same_math: list[LockstepRun] = field(default_factory=list)  # probes on, act=gelu_erf
+    same_math_off: list[LockstepRun] = field(default_factory=list)  # probes off, act=gelu_erf: the loop alone
 
     def tok_s(self, runs: list[LockstepRun], partner: str | None = None) -> float:
         """Tokens/s of the median run: the harness's, or its partner's."""
@@ -172,7 +174,7 @@ def compare_steps(model: str = "tiny", layers: int | None = None, steps: int = 6
 
     # Every run has both partners, taking turns to go first, so that each harness step resumes
     # after the same work (a run with fewer partners would find more of its data in cache).
-    kinds = {"on": ({}, True), "off": ({}, False), "same_math": (SAME_MATH, True)}
+    kinds = {"on": ({}, True), "off": ({}, False), "same_math": (SAME_MATH, True), "same_math_off": (SAME_MATH, False)}
     outer = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
