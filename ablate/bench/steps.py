@@ -1,14 +1,15 @@
 """The harness's training step against the plain nanoGPT-style loop, in lockstep.
 
 Each repeat trains, in a rotated order, the harness's default block with every probe on and
-with probes off, and the same block with nanoGPT's GELU (act=gelu_erf) with probes on and off. Every harness step is
-followed, in the same process, by one step of each plain loop (its partners, one per GELU,
-taking turns to go first), outside the step time the harness logs. A machine this shared slows down and speeds up over seconds, so a ratio of runs
-taken one after the other measures the machine as much as the loops; partner steps a tenth of
-a second apart see the same machine. A run's ratio is (its partner's steps' total seconds) /
-(its own steps' total seconds), the probed steps included; the table gives the median of the
-runs and their spread (min..max). Probe overhead is the probes-on run's ratio over the
-probes-off run's of the same repeat, each against its partner.
+with probes off, and the same block with nanoGPT's GELU (act=gelu_erf) with probes on and
+off. Every harness step is followed, in the same process, by one step of each plain loop (its
+partners, one per GELU, taking turns to go first), outside the step time the harness logs. A
+machine this shared slows down and speeds up over seconds, so a ratio of runs taken one after
+the other measures the machine as much as the loops; partner steps a tenth of a second apart
+see the same machine. A run's ratio is (its partner's steps' total seconds) / (its own steps'
+total seconds), the probed steps included; the table gives the median of the runs and their
+spread (min..max). Probe overhead is the probes-on run's ratio over the probes-off run's of
+the same repeat, each against its partner.
 """
 from __future__ import annotations
 

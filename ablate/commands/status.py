@@ -19,11 +19,13 @@ from pathlib import Path
 import jsonlines
 
 from ablate.errors import ConfigError
-from ablate.rundir import DONE, FAILED, FINISHED, PENDING, RUNNING, SUMMARY, CellLock
+from ablate.rundir import COMPLETED, DIVERGED, DONE, FAILED, FINISHED, PENDING, RUNNING, SUMMARY, CellLock
 from ablate.timefmt import fmt_time
 
 TAIL_BYTES = 16384  # enough for a few metrics rows of a deep model's per-layer keys
 MAX_TAIL_BYTES = 1 << 20
+# A cell folder with metrics but neither a summary nor a live lock: it resumes on a rerun.
+INTERRUPTED = "interrupted"
 
 
 def add_arguments(p) -> None:
@@ -108,7 +110,7 @@ def cell_state(run_dir: Path, cell_id: str, planned: int | None) -> CellState:
     rows = tail_rows(run_dir / "metrics.jsonl")
     last = rows[-1] if rows else {}
     losses = [r["loss"] for r in rows if isinstance(r.get("loss"), (int, float))]
-    return CellState(cell_id, RUNNING if running else "interrupted", planned, last.get("step"),
+    return CellState(cell_id, RUNNING if running else INTERRUPTED, planned, last.get("step"),
                      losses[-1] if losses else None, rate(rows) if running else None)
 
 
@@ -134,12 +136,12 @@ def grid_states(root: Path) -> tuple[dict | None, list[CellState]]:
 
 
 def render(root: Path, grid: dict | None, cells: list[CellState]) -> str:
-    count = {s: sum(c.status == s for c in cells) for s in (*FINISHED, RUNNING, "interrupted", PENDING)}
+    count = {s: sum(c.status == s for c in cells) for s in (*FINISHED, RUNNING, INTERRUPTED, PENDING)}
     done = sum(count[s] for s in DONE)
     name = f" ({grid['name']})" if grid and grid.get("name") else ""
-    lines = [f"{root}{name}: {len(cells)} cell{'s' if len(cells) != 1 else ''}: {done} done ({count['completed']} completed, "
-             f"{count['diverged']} diverged), {count['running']} running, {count['failed']} failed, "
-             f"{count['pending'] + count['interrupted']} pending ({count['interrupted']} interrupted, resume on rerun)"]
+    lines = [f"{root}{name}: {len(cells)} cell{'s' if len(cells) != 1 else ''}: {done} done ({count[COMPLETED]} completed, "
+             f"{count[DIVERGED]} diverged), {count[RUNNING]} running, {count[FAILED]} failed, "
+             f"{count[PENDING] + count[INTERRUPTED]} pending ({count[INTERRUPTED]} interrupted, resume on rerun)"]
     running = [c for c in cells if c.status == RUNNING]
     if running:
         width = max(len(c.cell_id) for c in running)
@@ -157,7 +159,7 @@ def render(root: Path, grid: dict | None, cells: list[CellState]) -> str:
 def time_left(cells: list[CellState]) -> str:
     """The grid's remaining steps over the running cells' combined rate: as many cells at
     once as now, each as fast as the running ones."""
-    todo = [c for c in cells if c.status in (RUNNING, "interrupted", PENDING)]
+    todo = [c for c in cells if c.status in (RUNNING, INTERRUPTED, PENDING)]
     if not todo:
         return "time left: none, every cell has finished"
     rates = [c.steps_per_s for c in cells if c.status == RUNNING and c.steps_per_s]
