@@ -149,7 +149,7 @@ def test_bench_prints_what_it_times_the_step_table_and_the_fraction_of_peak(caps
 
 def test_lockstep_partners_step_once_after_each_harness_step_outside_its_logged_and_period_times():
     """Partner steps run between harness steps, taking turns to go first, and their seconds are
-    kept out of both the logged step and the period (a partner here sleeps 0.2 s a step)."""
+    kept out of both the logged step and the period (a partner here sleeps 0.1 s a step)."""
     import time as time_module
 
     from ablate.bench.steps import SKIP, harness_options, lockstep_run
