@@ -35,7 +35,7 @@ def write_claim_plot(claim, ctx, out_dir: Path, dpi: int = 110) -> list[Path]:
     """Draw the claim's plot into out_dir; [] when it has none or the runs lack its data."""
     if not claim.plot:
         return []
-    from ablate.analysis.claims import select
+    from ablate.analysis.selection import select
 
     params = dict(claim.plot_params)
     metrics = ctx.metrics

@@ -43,6 +43,7 @@ import pandas as pd
 from ablate.analysis.claim_measures import MEASURES, Context, Measure, MeasureUnavailable, values_by_key
 from ablate.analysis.load import DONE, Runs, load_runs
 from ablate.analysis.metrics import cell_metrics
+from ablate.analysis.selection import COLUMN_OF, SelectionError, select
 from ablate.analysis.stats import (DEFAULT_ALPHA, DEFAULT_POWER, MAX_SEEDS, Interval, adjust_p_values, bootstrap_ci,
                                    discordant_pairs, format_p, mcnemar_exact, mcnemar_pairs_for_power,
                                    one_sample_p_value, one_sided_seeds_for_power, seeds_for_power, tost)
@@ -50,8 +51,6 @@ from ablate.analysis.stats import (DEFAULT_ALPHA, DEFAULT_POWER, MAX_SEEDS, Inte
 AGREES, DISAGREES, CANNOT_TELL = "agrees", "does not agree", "cannot tell"
 EXPECTATIONS = ("higher", "lower", "equal")
 CORRECTION = "holm"  # the claim is a conjunction of its comparisons: family-wise error control
-# Selector keys that name a cell_metrics column of another name.
-COLUMN_OF = {"layers": "n_layer", "steps": "planned_steps"}
 CLAIM_KEYS = {"name", "statement", "source", "source_figures", "grid", "plot", "plot_params", "compare", "report",
               "alpha"}
 COMPARE_KEYS = {"label", "measure", "params", "at", "a", "b", "than", "expect", "margin"}
@@ -168,33 +167,6 @@ def _parse_compare(entry: dict, where: str) -> Compare:
                    dict(entry["b"]) if "b" in entry else None,
                    float(entry["than"]) if "than" in entry else None, entry["expect"], dict(entry.get("at", {})),
                    dict(entry.get("params", {})), float(entry["margin"]) if "margin" in entry else None)
-
-
-# ----------------------------------------------------------------------------- selecting
-
-
-def select(frame: pd.DataFrame, selector: dict) -> pd.Series:
-    """Boolean mask of the rows whose columns hold the selector's values (a list: any of them;
-    numbers compare with a relative tolerance, so 3e-3 finds 0.003)."""
-    mask = pd.Series(True, index=frame.index)
-    for key, wanted in selector.items():
-        column = COLUMN_OF.get(key, key) if key not in frame else key
-        if column not in frame:
-            raise MeasureUnavailable(f"the runs have no axis {key!r} to select on")
-        values = wanted if isinstance(wanted, list) else [wanted]
-        mask &= frame[column].map(lambda v: any(_same(v, w) for w in values))
-    return mask
-
-
-def _same(value, wanted) -> bool:
-    if isinstance(wanted, bool) or isinstance(value, (bool, np.bool_)):
-        return isinstance(value, (bool, np.bool_)) and bool(value) == wanted
-    if isinstance(wanted, (int, float)):
-        try:
-            return math.isclose(float(value), float(wanted), rel_tol=1e-9)
-        except (TypeError, ValueError):
-            return False
-    return str(value) == str(wanted)
 
 
 # ------------------------------------------------------------------------------- results
@@ -333,7 +305,7 @@ def compare(ctx: Context, c: Compare, alpha: float, alpha_power: float) -> Resul
             b = values_by_key(ctx, b_cells, key_axes, m, c.params)
         else:
             b = pd.Series({k: c.than for k in a.index}, dtype=float)
-    except MeasureUnavailable as e:
+    except (MeasureUnavailable, SelectionError) as e:
         return Result(c, m.unit, "", (), 0, 0, 0, None, None, None, None, None, note=str(e))
     keys = [k for k in a.index if k in b.index]
     seeds = tuple(sorted({k[0] for k in keys}, key=str))
