@@ -10,8 +10,16 @@ batches, so the engine (claims.py) pairs the two sides key by key.
     def my_measure(ctx, cells, params):        # cells: the cell_metrics rows of one key
         return float(...)                      # NaN: no value for this key
 
-`test` names how the engine tests the paired values: "t" (paired t-test on the differences,
-TOST for an equivalence) or "binary" (0/1 values: exact McNemar test on discordant pairs).
+`test` names how the engine tests the paired values (analysis/decide.py): "t" (paired t-test
+on the differences, or non-inferiority within a margin), "binary" (0/1 outcomes: exact McNemar
+test on the discordant pairs, or an exact binomial test against a rate) or "exact" (a
+deterministic count, compared without a test). `requires = {"lr": 5}` refuses, when the claim
+is loaded, a comparison whose side has fewer distinct values of that axis on its grid: a measure
+that cannot vary there would only ever say "cannot tell".
+
+A measure reads the step it names or counts the key as missing, with the reason
+(`raise Missing("...")`): it never falls back to another step in silence. Loss measures read
+`scored_loss` (analysis/outcomes.py): a failed training run scores one way, never dropped.
 Nothing here trains or imports the model; it reads what the grid wrote.
 """
 from __future__ import annotations
@@ -24,11 +32,16 @@ import numpy as np
 import pandas as pd
 
 from ablate.analysis.load import DONE, Runs, layer_columns
+from ablate.analysis.outcomes import DIVERGED, FAILED, FAILED_TRAINING, SCORING_RULE
 from ablate.analysis.lr_sensitivity import DEFAULT_TOLERANCE, MIN_LRS, basin, lr_curve, per_seed_sensitivity
 
 
 class MeasureUnavailable(ValueError):
     """The runs lack what the measure reads (a metric that was not logged); the message says what."""
+
+
+class Missing(ValueError):
+    """One key has no value (a step it names was not logged, a cell did not finish): counted and named."""
 
 
 @dataclass
@@ -50,17 +63,20 @@ class Measure:
     name: str
     fn: Callable  # (ctx, cells of one key, params) -> float
     unit: str
-    test: str  # "t" or "binary"
+    test: str  # "t", "binary" or "exact"
     consumes: tuple  # axes aggregated over inside one key (not part of the pairing key)
     description: str
     per_cell: bool  # fn is called once per cell (else once per key, with all its cells)
+    requires: dict  # axis -> the fewest distinct values a side needs on its grid
+    higher_is_worse: bool  # for non-inferiority: which way "worse" points
 
 
 MEASURES: dict[str, Measure] = {}
-TESTS = ("t", "binary")
+TESTS = ("t", "binary", "exact")
 
 
-def measure(name: str, unit: str, description: str, test: str = "t", consumes: tuple = ()):
+def measure(name: str, unit: str, description: str, test: str = "t", consumes: tuple = (),
+            requires: dict | None = None, higher_is_worse: bool = True):
     """Register a measure under `name` (see the module docstring)."""
     if test not in TESTS:
         raise ValueError(f"test {test!r}; valid: {', '.join(TESTS)}")
@@ -68,15 +84,19 @@ def measure(name: str, unit: str, description: str, test: str = "t", consumes: t
     def register(fn):
         if name in MEASURES:
             raise ValueError(f"measure {name!r} is already registered")
-        MEASURES[name] = Measure(name, fn, unit, test, tuple(consumes), description, per_cell=not consumes)
+        MEASURES[name] = Measure(name, fn, unit, test, tuple(consumes), description, per_cell=not consumes,
+                                 requires=dict(requires or {}), higher_is_worse=higher_is_worse)
         return fn
 
     return register
 
 
-def values_by_key(ctx: Context, cells: pd.DataFrame, key_axes: list[str], m: Measure, params: dict) -> pd.Series:
-    """{key tuple: value} for the selected cells, NaN values dropped. key_axes start with seed."""
+def values_by_key(ctx: Context, cells: pd.DataFrame, key_axes: list[str], m: Measure, params: dict,
+                  missing: dict | None = None) -> pd.Series:
+    """{key tuple: value} for the selected cells; a key without a value goes into `missing`
+    ({key: reason}) instead. key_axes start with seed."""
     out = {}
+    missing = {} if missing is None else missing
     if cells.empty:
         return pd.Series(out, dtype=float)
     keys = [tuple(_plain(v) for v in row) for row in cells[key_axes].itertuples(index=False)]
@@ -89,11 +109,15 @@ def values_by_key(ctx: Context, cells: pd.DataFrame, key_axes: list[str], m: Mea
             if len(members) > 1:  # the selection leaves an axis open: the key does not name one cell
                 raise MeasureUnavailable(f"{len(members)} cells share the pairing key {key}; the comparison's "
                                          "selectors must fix every axis but the seed")
-            value = m.fn(ctx, members.iloc[0], params)
-        else:
-            value = m.fn(ctx, members, params)
+        try:
+            value = m.fn(ctx, members.iloc[0], params) if m.per_cell else m.fn(ctx, members, params)
+        except Missing as e:
+            missing[key] = str(e)
+            continue
         if value is not None and math.isfinite(value):
             out[key] = float(value)
+        else:
+            missing[key] = "no value"
     return pd.Series(out, dtype=float)
 
 
@@ -107,11 +131,17 @@ def _plain(value):
     return value
 
 
-def _first_complete_row(steps: pd.DataFrame, columns: list[str]) -> pd.Series | None:
-    if steps.empty or not columns or not set(columns) <= set(steps.columns):
-        return None
-    complete = steps[np.isfinite(steps[columns].to_numpy(dtype=float)).all(axis=1)]
-    return complete.iloc[0] if not complete.empty else None
+def _row_at(steps: pd.DataFrame, step: int, columns: list[str]) -> pd.Series:
+    """The logged row of `step` with every column finite, or Missing naming what lacks."""
+    if steps.empty or "step" not in steps:
+        raise Missing("no logged steps")
+    rows = steps[steps["step"].to_numpy() == step]
+    if rows.empty:
+        raise Missing(f"no row for step {step} in metrics.jsonl")
+    row = rows.iloc[0]
+    if not np.isfinite(row[columns].to_numpy(dtype=float)).all():
+        raise Missing(f"step {step} lacks a finite value of {columns[0].rsplit('_', 1)[0]}...")
+    return row
 
 
 def _need(columns: list[str], what: str) -> None:
@@ -119,28 +149,39 @@ def _need(columns: list[str], what: str) -> None:
         raise MeasureUnavailable(f"the runs do not log {what}")
 
 
+def _outcome(cell) -> str:
+    return str(cell.get("outcome", FAILED)) if hasattr(cell, "get") else FAILED
+
+
 # ------------------------------------------------------------------------------- losses
 
 
-@measure("final_val_loss", "nats", "validation loss at the end of training (summary.json final_val_loss); "
-         "diverged and failed cells have none")
+@measure("final_val_loss", "nats", "validation loss at the end of training (summary.json final_val_loss); a "
+         "failed training run (plateaued or diverged) scores the unigram entropy: " + SCORING_RULE)
 def final_val_loss(ctx, cell, params) -> float:
-    if cell["status"] != "completed":
-        return float("nan")
-    return float(cell["final_val_loss"])
+    if _outcome(cell) == FAILED:
+        raise Missing(f"cell {cell['cell_id']} did not finish (status {cell['status']})")
+    return float(cell["scored_loss"])
 
 
 @measure("gain_per_param", "nats per million parameters",
-         "final val loss of the smaller setting minus the larger's, per million parameters added, between "
+         "scored final val loss of the smaller setting minus the larger's, per million parameters added, between "
          "the two values of `axis` one side selects", consumes=("mlp_ratio",))
 def gain_per_param(ctx, cells, params) -> float:
     axis = params.get("axis", "mlp_ratio")
-    done = cells[cells["status"] == "completed"].sort_values(axis)
+    done = cells[cells["outcome"] != FAILED].sort_values(axis)
     if len(done) != 2 or done[axis].nunique() != 2:
-        return float("nan")
+        raise Missing(f"needs one finished cell at each of two {axis} values; has {len(done)}")
     small, large = done.iloc[0], done.iloc[1]
     added = (float(large["params"]) - float(small["params"])) / 1e6
-    return (float(small["final_val_loss"]) - float(large["final_val_loss"])) / added if added else float("nan")
+    return (float(small["scored_loss"]) - float(large["scored_loss"])) / added if added else float("nan")
+
+
+@measure("params", "parameters", "the model's parameter count (config.json): exact, nothing sampled; matmul "
+         "FLOPs per token are 2 per weight forward and 6 per weight in training, so they compare alike",
+         test="exact")
+def params(ctx, cell, params) -> float:
+    return float(cell["params"])
 
 
 # ------------------------------------------------------------------------- learning rate
@@ -153,19 +194,24 @@ def _sweep_curve(cells: pd.DataFrame) -> pd.DataFrame:
     return lr_curve(cells)
 
 
-@measure("lr_sensitivity", "nats", "Wortsman et al. (2023): mean over the swept lrs of min(final val loss, loss at "
-         "init) minus the best (analysis/lr_sensitivity.py), per seed", consumes=("lr",))
+@measure("lr_sensitivity", "nats", "Wortsman et al. (2023): mean over the swept lrs of min(scored loss, loss at "
+         "init) minus the best (analysis/lr_sensitivity.py), per seed", consumes=("lr",), requires={"lr": MIN_LRS})
 def lr_sensitivity(ctx, cells, params) -> float:
     per_seed = per_seed_sensitivity(_sweep_curve(cells))
-    return float(per_seed["lr_sensitivity"].iloc[0]) if len(per_seed) == 1 else float("nan")
+    if len(per_seed) != 1:
+        raise Missing("not every swept lr has a result")
+    return float(per_seed["lr_sensitivity"].iloc[0])
 
 
+# A basin measured in decades needs rates finer than the tolerance's reach: on 3 or 4 rates half
+# a decade apart it is 0 for nearly every seed on both sides, a measure that cannot vary.
 @measure("basin_width", "decades of lr", "how many decades of the swept lrs around a seed's best keep its clipped "
-         f"loss within `tolerance` (default {DEFAULT_TOLERANCE}) nats of that best", consumes=("lr",))
+         f"loss within `tolerance` (default {DEFAULT_TOLERANCE}) nats of that best", consumes=("lr",),
+         requires={"lr": 5}, higher_is_worse=False)
 def basin_width(ctx, cells, params) -> float:
     curve = _sweep_curve(cells)
     if curve["seed"].nunique() != 1 or not np.isfinite(curve["clipped"]).all() or len(curve) < cells["lr"].nunique():
-        return float("nan")
+        raise Missing("not every swept lr has a result")
     by_lr = curve.rename(columns={"clipped": "mean_clipped"})[["lr", "mean_clipped"]].sort_values("lr")
     best = float(by_lr.loc[by_lr["mean_clipped"].idxmin(), "lr"])
     low, high, _ = basin(by_lr.reset_index(drop=True), best, float(params.get("tolerance", DEFAULT_TOLERANCE)))
@@ -175,14 +221,11 @@ def basin_width(ctx, cells, params) -> float:
 # ------------------------------------------------------------------------------ gradients
 
 GRAD_FLOOR = 1e-30  # gradient norms below this (0 included) count as this
+EARLY_STEPS = 20  # "the first steps": steps 1 to this, unless a comparison says `until`
 
 
-@measure("grad_reach", "log10 ratio", "log10 of the bottom's gradient norm over the top block's "
-         "(grad_norm/layer_{top}): the bottom is grad_norm/layer_0 (`from = \"layer_0\"`, default) or "
-         "grad_norm/embed (`from = \"embed\"`; with tied embeddings it includes the output head's gradient); at "
-         "step 0 (phase init) or the median over the later logged steps (phase train)")
-def grad_reach(ctx, cell, params) -> float:
-    steps = ctx.steps(cell["cell_id"])
+def _reach(steps: pd.DataFrame, params) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, log10 of the bottom's gradient norm over the top block's) for each logged step."""
     layers = layer_columns(steps, "grad_norm")
     bottom = "grad_norm/embed" if params.get("from", "layer_0") == "embed" else (layers[0] if layers else None)
     _need(layers if bottom in steps else [], "grad_norm/embed and grad_norm/layer_{i}")
@@ -190,12 +233,39 @@ def grad_reach(ctx, cell, params) -> float:
     low = np.maximum(steps[bottom].to_numpy(dtype=float), GRAD_FLOOR)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.log10(low / steps[layers[-1]].to_numpy(dtype=float))
+    return steps["step"].to_numpy(), ratio
+
+
+def _reach_at(steps: pd.DataFrame, params) -> float:
+    step, ratio = _reach(steps, params)
     ok = np.isfinite(ratio)
-    if params.get("phase", "init") == "init":
-        at_zero = ok & (steps["step"].to_numpy() == 0)
-        return float(ratio[at_zero][0]) if at_zero.any() else float("nan")
-    later = ok & (steps["step"].to_numpy() > 0)
-    return float(np.median(ratio[later])) if later.any() else float("nan")
+    phase = params.get("phase", "init")
+    if phase == "init":
+        at_zero = ok & (step == 0)
+        if not at_zero.any():
+            raise Missing("no finite gradient norms at step 0")
+        return float(ratio[at_zero][0])
+    until = int(params.get("until", EARLY_STEPS)) if phase == "early" else np.inf
+    window = ok & (step > 0) & (step <= until)
+    if not window.any():
+        raise Missing(f"no finite gradient norms in steps 1-{until}")
+    return float(np.median(ratio[window]))
+
+
+@measure("grad_reach", "log10 ratio", "log10 of the bottom's gradient norm over the top block's "
+         "(grad_norm/layer_{top}): the bottom is grad_norm/layer_0 (`from = \"layer_0\"`, default) or "
+         "grad_norm/embed (`from = \"embed\"`; with tied embeddings it includes the output head's gradient); at "
+         f"step 0 (phase init), the median over steps 1-{EARLY_STEPS} (phase early; `until` sets the end) or over "
+         "every later logged step (phase train)", higher_is_worse=False)
+def grad_reach(ctx, cell, params) -> float:
+    return _reach_at(ctx.steps(cell["cell_id"]), params)
+
+
+@measure("grad_imbalance", "log10 ratio", "|log10| of the first block's gradient norm over the top block's: how far "
+         "the gradient departs from even across depth, whether it explodes or vanishes at the bottom (phases as "
+         "grad_reach)")
+def grad_imbalance(ctx, cell, params) -> float:
+    return abs(_reach_at(ctx.steps(cell["cell_id"]), params))
 
 
 @measure("grad_spread", "log10 max/min", "log10 of the max/min ratio of the per-layer gradient norms at a phase "
@@ -209,7 +279,7 @@ def grad_spread(ctx, cell, params) -> float:
 
 
 @measure("init_grad_slope", "log10 per layer", "least-squares slope of log10 grad_norm/layer_{i}/<part> against "
-         "the layer index at the first logged step (Xiong et al. 2020: rising for post-LN, flat for pre-LN)")
+         "the layer index at step 0 (Xiong et al. 2020: rising for post-LN, flat for pre-LN)")
 def init_grad_slope(ctx, cell, params) -> float:
     steps = ctx.steps(cell["cell_id"])
     part = params.get("part", "mlp")
@@ -217,12 +287,9 @@ def init_grad_slope(ctx, cell, params) -> float:
         (c for c in steps.columns if str(c).startswith("grad_norm/layer_") and str(c).endswith(f"/{part}")),
         key=lambda c: int(str(c).split("/")[1].split("_")[1]))
     _need(columns, f"grad_norm/layer_{{i}}/{part}")
-    row = _first_complete_row(steps, columns)
-    if row is None:
-        return float("nan")
-    values = row[columns].to_numpy(dtype=float)
+    values = _row_at(steps, 0, columns)[columns].to_numpy(dtype=float)
     if len(values) < 2 or (values <= 0).any():
-        return float("nan")
+        raise Missing("a zero gradient norm at step 0")
     return float(np.polyfit(np.arange(len(values)), np.log10(values), 1)[0])
 
 
@@ -230,20 +297,19 @@ def init_grad_slope(ctx, cell, params) -> float:
 
 
 @measure("block_change", "relative change", "mean over layers of block_change/layer_{i} = RMS(block output - block "
-         "input) / RMS(block input) at the first probe step (step 0)")
+         "input) / RMS(block input) at step 0")
 def block_change(ctx, cell, params) -> float:
     steps = ctx.steps(cell["cell_id"])
     columns = layer_columns(steps, "block_change")
     _need(columns, "block_change/layer_{i} (the probe of the relative change through a block)")
-    row = _first_complete_row(steps, columns)
-    return float(row[columns].to_numpy(dtype=float).mean()) if row is not None else float("nan")
+    return float(_row_at(steps, 0, columns)[columns].to_numpy(dtype=float).mean())
 
 
 @measure("attn_logit_max", "log10 logit", "log10 of the largest attn_logit_max/layer_{i} over layers and logged "
          "steps (diverged cells: up to their divergence)")
 def attn_logit_max(ctx, cell, params) -> float:
     if cell["status"] not in DONE:
-        return float("nan")
+        raise Missing(f"cell {cell['cell_id']} did not finish (status {cell['status']})")
     steps = ctx.steps(cell["cell_id"])
     columns = layer_columns(steps, "attn_logit_max")
     _need(columns, "attn_logit_max/layer_{i} (the stability probes)")
@@ -252,13 +318,39 @@ def attn_logit_max(ctx, cell, params) -> float:
     return math.log10(values.max()) if values.size and values.max() > 0 else float("nan")
 
 
+@measure("act_rms_growth", "log10 ratio", "log10 of the largest act_norm/layer_{i} at the last logged step whose "
+         "values are all finite (before the first non-finite one) over the largest at step 0")
+def act_rms_growth(ctx, cell, params) -> float:
+    steps = ctx.steps(cell["cell_id"])
+    columns = layer_columns(steps, "act_norm")
+    _need(columns, "act_norm/layer_{i}")
+    start = float(_row_at(steps, 0, columns)[columns].max())
+    values = steps[columns].to_numpy(dtype=float)
+    finite = np.isfinite(values).all(axis=1)
+    bad = np.flatnonzero(~finite)
+    last = (bad[0] - 1) if bad.size else len(values) - 1
+    if last < 0 or not finite[last] or start <= 0:
+        raise Missing("no finite activation RMS before the first non-finite value")
+    return math.log10(float(values[last].max()) / start)
+
+
 # ------------------------------------------------------------------------------ stability
 
 
-@measure("diverged", "diverged (0/1)", "1 when the run diverged (summary.json status), 0 when it completed",
-         test="binary")
+@measure("diverged", "share diverged", "1 when the run diverged (a non-finite or exploding loss), 0 when it "
+         "completed (trained or plateaued)", test="binary")
 def diverged(ctx, cell, params) -> float:
-    return {"diverged": 1.0, "completed": 0.0}.get(cell["status"], float("nan"))
+    if _outcome(cell) == FAILED:
+        raise Missing(f"cell {cell['cell_id']} did not finish (status {cell['status']})")
+    return 1.0 if _outcome(cell) == DIVERGED else 0.0
+
+
+@measure("failed", "share failed", "1 when the training run failed (plateaued on the unigram entropy or "
+         "diverged: analysis/outcomes.py), 0 when it trained", test="binary")
+def failed(ctx, cell, params) -> float:
+    if _outcome(cell) == FAILED:
+        raise Missing(f"cell {cell['cell_id']} did not finish (status {cell['status']})")
+    return 1.0 if _outcome(cell) in FAILED_TRAINING else 0.0
 
 
 def first_nonfinite_step(ctx: Context, cell_id: str) -> int | None:

@@ -59,6 +59,11 @@ def write_claim_plot(claim, ctx, out_dir: Path, dpi: int = 110) -> list[Path]:
     return paths
 
 
+def write_claim_plots(claim, ctx, out_dir: Path, dpi: int = 110) -> dict:
+    """{"what": the claim's plot files, "why": its mechanism plot's files} (empty when it has none)."""
+    return {"what": write_claim_plot(claim, ctx, out_dir, dpi), "why": []}
+
+
 def _values(metrics: pd.DataFrame, split: str) -> list:
     return list(dict.fromkeys(metrics[split].tolist()))
 

@@ -7,9 +7,11 @@ frames (`cell_metrics` rows), so a notebook or a claim can call them directly.
 Definitions (Wortsman et al. 2023, "Small-scale proxies for large-scale Transformer training
 instabilities", section 3.1), per seed, over the swept learning rates L:
 
-  clipped loss     min(final loss, loss at initialisation); a diverged cell has no final loss
-                   and counts at the loss at initialisation (its seed's step-0 loss, which every
-                   lr of a sweep shares: same weights, same first batch)
+  clipped loss     min(scored loss, loss at initialisation), the scored loss being the final
+                   validation loss of a trained cell and, for a failed training run (plateaued
+                   or diverged), the unigram entropy (analysis/outcomes.py: one score however a
+                   run failed; Wortsman et al. count a diverged run at the loss at
+                   initialisation, which would weigh a blow-up far above a plateau)
   best loss        min over L of the clipped loss
   LR sensitivity   mean over L of the clipped loss, minus the best loss (0 for a flat curve;
                    large when much of the swept range trains badly or diverges). It is
@@ -103,14 +105,17 @@ def sweep_cells(metrics: pd.DataFrame, option_axes=(), min_lrs: int = MIN_LRS) -
 
 def lr_curve(cells: pd.DataFrame, value: str = VERDICT_VALUE) -> pd.DataFrame:
     """One row per trained cell of a sweep: seed, lr, status, loss (NaN if diverged),
-    init_loss (the seed's loss at initialisation), clipped (min(loss, init_loss); init_loss
-    if diverged), plateau."""
+    init_loss (the seed's loss at initialisation), clipped (min(scored loss, init_loss)),
+    plateau."""
     trained = cells[cells["status"].isin(DONE)]  # the statuses that are a result at an lr
     loss = pd.to_numeric(trained[value], errors="coerce").where(trained["status"] == "completed")
     init = pd.to_numeric(trained.get("init_loss", pd.Series(np.nan, index=trained.index)), errors="coerce")
     # Every lr of a seed starts from the same weights and first batch: one init loss per seed.
     per_seed_init = init.groupby(trained["seed"]).transform(lambda x: x.dropna().iloc[0] if x.notna().any() else np.nan)
-    clipped = np.where(trained["status"] == "diverged", per_seed_init, np.fmin(loss, per_seed_init))
+    # A failed training run (plateaued or diverged) scores one way, analysis/outcomes.py's rule.
+    scored = (pd.to_numeric(trained["scored_loss"], errors="coerce") if "scored_loss" in trained else
+              pd.Series(np.where(trained["status"] == "diverged", per_seed_init, loss), index=trained.index))
+    clipped = np.fmin(scored, per_seed_init)
     curve = pd.DataFrame({
         "seed": trained["seed"].to_numpy(), "lr": trained["lr"].astype(float).to_numpy(),
         "status": trained["status"].to_numpy(), "loss": loss.to_numpy(dtype=float),

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from ablate.analysis.load import Runs, layer_columns
+from ablate.analysis.outcomes import FAILED, PLATEAU_MARGIN, outcome_of, plateaued, scored_loss  # noqa: F401
 
 PHASES = ("init", "mid", "end")
 DEFAULT_LAST_K = 10
@@ -36,16 +37,6 @@ SPIKE_MIN_HISTORY = 5
 # A perfectly flat window has MAD 0; the floor keeps z finite so a jump out of it still counts.
 MIN_ROBUST_STD = 1e-6
 MAD_TO_STD = 1.4826  # the MAD of a normal distribution times this is its standard deviation
-PLATEAU_MARGIN = 0.2  # nats above (unigram entropy - this) = stuck on the unigram plateau
-
-
-def plateaued(loss, unigram_entropy, margin: float = PLATEAU_MARGIN) -> bool:
-    """Whether a final loss sits on the unigram plateau (False when either is unknown)."""
-    try:
-        loss, entropy = float(loss), float(unigram_entropy)
-    except (TypeError, ValueError):
-        return False
-    return bool(np.isfinite(loss) and np.isfinite(entropy) and loss >= entropy - margin)
 
 
 def final_loss(losses: np.ndarray, last_k: int = DEFAULT_LAST_K) -> float:
@@ -138,7 +129,7 @@ def _init_loss(steps: pd.DataFrame) -> float:
 def cell_metrics(runs: Runs, last_k: int = DEFAULT_LAST_K, spike_z: float = DEFAULT_SPIKE_Z,
                  spike_window: int = DEFAULT_SPIKE_WINDOW) -> pd.DataFrame:
     """One row per cell: the cells frame plus final_loss, final_val_loss, init_loss, plateau,
-    spikes, max_grad_norm, grad_ratio_{phase}, grad_cv_{phase}, rms_growth, rms_growth_per_layer."""
+    outcome and scored_loss (analysis/outcomes.py), spikes, max_grad_norm, grad_ratio_{phase}, grad_cv_{phase}, rms_growth, rms_growth_per_layer."""
     grad_columns = layer_columns(runs.steps, "grad_norm")
     act_columns = layer_columns(runs.steps, "act_norm")
     by_cell = dict(tuple(runs.steps.groupby("cell_id", sort=False))) if not runs.steps.empty else {}
@@ -148,7 +139,7 @@ def cell_metrics(runs: Runs, last_k: int = DEFAULT_LAST_K, spike_z: float = DEFA
         row: dict[str, float] = {"cell_id": cell.cell_id}
         healthy = cell.status not in ("diverged", "failed")
         if steps is None or steps.empty:
-            rows.append(row)
+            rows.append({**row, "outcome": FAILED})
             continue
         losses = steps["loss"].to_numpy(dtype=float) if "loss" in steps else np.array([])
         row["final_loss"] = final_loss(losses, last_k) if healthy else float("nan")
@@ -157,6 +148,8 @@ def cell_metrics(runs: Runs, last_k: int = DEFAULT_LAST_K, spike_z: float = DEFA
         row["init_loss"] = _init_loss(steps)
         entropy = getattr(cell, "unigram_entropy", None)
         row["plateau"] = cell.status == "completed" and plateaued(row["final_val_loss"], entropy)
+        row["outcome"] = outcome_of(cell.status, row["final_val_loss"], entropy)
+        row["scored_loss"] = scored_loss(row["outcome"], row["final_val_loss"], entropy, row["init_loss"])
         row["spikes"] = int(spike_mask(losses, spike_z, spike_window).sum())
         if "grad_norm" in steps:
             grad = steps["grad_norm"].to_numpy(dtype=float)
@@ -170,8 +163,10 @@ def cell_metrics(runs: Runs, last_k: int = DEFAULT_LAST_K, spike_z: float = DEFA
             row["rms_growth"] = float(rms[-1] / rms[0]) if rms[0] > 0 else float("nan")
             row["rms_growth_per_layer"] = float(row["rms_growth"] ** (1 / (len(act_columns) - 1)))
         rows.append(row)
-    metric_columns = ["final_loss", "final_val_loss", "init_loss", "plateau", "spikes", "max_grad_norm",
+    metric_columns = ["final_loss", "final_val_loss", "init_loss", "plateau", "outcome", "scored_loss", "spikes", "max_grad_norm",
                       *[f"grad_{kind}_{phase}" for phase in PHASES for kind in ("ratio", "cv")],
                       "rms_growth", "rms_growth_per_layer"]
     metrics = pd.DataFrame(rows, columns=["cell_id", *metric_columns])
-    return runs.cells.merge(metrics, on="cell_id", how="left")
+    metrics = runs.cells.merge(metrics, on="cell_id", how="left")
+    metrics["outcome"] = metrics["outcome"].fillna(FAILED)  # a cell with no logged step has no result
+    return metrics

@@ -19,7 +19,8 @@ from ablate.analysis import plots
 from ablate.analysis.analyse import Analysis, Settings, analyse
 from ablate.analysis.load import FINISHED, RUNNING
 from ablate.analysis.lr_sensitivity import sweep_table
-from ablate.analysis.metrics import MAD_TO_STD, PLATEAU_MARGIN
+from ablate.analysis.metrics import MAD_TO_STD
+from ablate.analysis.outcomes import PLATEAU_MARGIN
 from ablate.analysis.stats import CONTROLS, CORRECTION_SHORT, CORRECTIONS, divergence_sentence, format_p
 
 REPORT, SUMMARY_CSV, CELLS_CSV, PLOTS_DIR = "report.md", "summary.csv", "cells.csv", "plots"
