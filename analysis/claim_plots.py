@@ -210,3 +210,14 @@ def _legend(ax) -> None:
     if handles:
         unique = dict(zip(labels, handles))
         ax.legend(unique.values(), unique.keys(), fontsize=7)
+
+
+# Placeholders until the mechanism plots land (issue 28): no figure, so the report shows none.
+@plot_kind("grad_profile")
+def grad_profile(ctx, metrics, params):
+    return None
+
+
+@plot_kind("attn_logit_growth")
+def attn_logit_growth(ctx, metrics, params):
+    return None

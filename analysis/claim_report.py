@@ -92,7 +92,8 @@ def sentence(r: Result) -> str:
     values = ""
     if MEASURES[c.measure].test == "t" and r.n_pairs <= 12:
         values = "per-unit a - b: " + ", ".join(f"{x - y:+.3g}" for x, y in zip(r.a, r.b))
-    parts = [f"a {r.mean_a:.4g} vs b {r.mean_b:.4g} {r.unit} over {units}", figure(r), values, *_side_notes(r)]
+    parts = [f"a {r.mean_a:.4g} vs b {r.mean_b:.4g} {r.unit} over {units}", figure(r), values, *_side_notes(r),
+             r.note if r.test is not None else ""]
     return f"{head}: {'; '.join(p for p in parts if p)}."
 
 

@@ -18,7 +18,8 @@ A comparison names a measure (claim_measures.MEASURES), the cells of side `a` an
 place of `b`, and what the sentence expects of a against b: "higher", "lower", or, for "a
 matches b", non-inferiority within `margin`: "not_higher" (a - b < margin) or "not_lower".
 Every clause comparison declares `effect`, its smallest effect of interest in the measure's
-unit: what "cannot tell" converts into the seeds that would resolve it. `best_lr = true`
+unit: what "cannot tell" converts into the seeds that would resolve it (for an exact count, a
+fraction of b: the difference must reach it to count). `best_lr = true`
 compares each side at its own best learning rate (verdict.py says how it is chosen).
 """
 from __future__ import annotations
@@ -201,8 +202,9 @@ def _parse_compare(entry: dict, where: str, deciding: bool) -> Compare:
         _fail(where, "a clause's comparison needs 'effect', its smallest effect of interest in "
                      f"{m.unit} (what 'cannot tell' turns into seeds)")
     best_lr = entry.get("best_lr", False)
-    if not isinstance(best_lr, bool) or (best_lr and (not m.per_cell or "lr" in entry.get("at", {}))):
-        _fail(where, "best_lr must be true or false, for a per-cell measure whose 'at' leaves lr open")
+    if not isinstance(best_lr, bool) or (best_lr and ("lr" in m.consumes or "lr" in entry.get("at", {}))):
+        _fail(where, "best_lr must be true or false, for a measure that does not consume lr and an 'at' that "
+                     "leaves lr open")
     return Compare(str(entry.get("label") or entry["measure"]), entry["measure"], dict(entry["a"]),
                    dict(entry["b"]) if "b" in entry else None, than, entry["expect"], dict(entry.get("at", {})),
                    dict(entry.get("params", {})), margin, effect if effect is not None else margin, best_lr)

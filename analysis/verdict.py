@@ -112,7 +112,7 @@ class Result:
         if t is None:
             return None, None
         if MEASURES[self.compare.measure].test == "exact":
-            big_enough = abs(t.estimate) >= (self.compare.effect or 0.0)
+            big_enough = abs(t.estimate) >= (self.compare.effect or 0.0) * abs(self.mean_b or 0.0)
             return (decide.RIGHT, 0.0) if t.side == decide.RIGHT and big_enough else (decide.WRONG, 0.0)
         return (t.side, t.p_value) if t.side is not None and t.p_value is not None else (None, None)
 
@@ -213,8 +213,26 @@ def compare(ctx: Context, c: Compare, alpha: float, alpha_power: float) -> Resul
     va, vb = np.asarray(base.a, dtype=float), np.asarray(base.b, dtype=float)
     test = _test(m, c, va, vb, alpha)
     units_per_seed = len(keys) / max(1, len({k[0] for k in keys}))
+    note = "; ".join(x for x in ("" if test is not None else "the differences do not vary: no test",
+                                 _nonfinite_note(ctx, m, sides)) if x)
     return _replace(base, test=test, seeds_needed=_seeds_needed(m, c, va - vb, alpha_power, units_per_seed),
-                    note="" if test is not None else "the differences do not vary: no test")
+                    note=note)
+
+
+def _nonfinite_note(ctx: Context, m: Measure, sides: dict) -> str:
+    """For failure measures: when each side's diverged runs first went non-finite."""
+    if m.name not in ("diverged", "failed"):
+        return ""
+    from ablate.analysis.claim_measures import first_nonfinite_step
+
+    parts = []
+    for side, cells in sides.items():
+        steps = [s for s in (first_nonfinite_step(ctx, cid) for cid in cells.loc[cells["status"] == "diverged",
+                                                                                  "cell_id"]) if s is not None]
+        if steps:
+            parts.append(f"{side}: first non-finite value at step {int(np.median(steps))} (median; "
+                         f"{min(steps)}-{max(steps)})")
+    return "; ".join(parts)
 
 
 def _replace(r: Result, **changes) -> Result:

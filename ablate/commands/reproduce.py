@@ -165,13 +165,40 @@ def _plan(claim, out: Path, scale: str, overrides: dict):
 
     grid = load_grid(claim.grid, scale, overrides)
     check_grid(grid, out)
+    check_claim_grid(claim, grid)
     return grid
+
+
+def grid_cells(grid):
+    """One row per cell of a loaded grid, with the columns a claim's selectors name (as the
+    analysis of its run folder will see them)."""
+    import pandas as pd
+
+    rows = []
+    for cell in grid.cells:
+        cfg = grid.configs[cell.id]
+        spec = cfg.spec
+        rows.append({"cell_id": cell.id, "seed": cfg.seed, "norm": spec.norm, "norm_type": spec.norm_type,
+                     "act": spec.act, "mlp": spec.mlp, "residual": spec.residual, "qk_norm": spec.qk_norm,
+                     "lr": cfg.lr, "warmup": cfg.warmup, "init": cfg.init_name, "mlp_ratio": cfg.mlp_ratio,
+                     "n_layer": cfg.size.n_layer, "planned_steps": cfg.steps})
+    return pd.DataFrame(rows)
+
+
+def check_claim_grid(claim, grid) -> None:
+    """Refuse a claim whose comparisons its grid cannot feed (analysis.claims.check_against_grid)."""
+    from ablate.analysis.claims import ClaimError, check_against_grid
+
+    try:
+        check_against_grid(claim, grid_cells(grid))
+    except ClaimError as e:
+        raise ConfigError(str(e)) from None
 
 
 def reproduce(claim, out: Path, scale: str, overrides: dict, args, grid=None):
     """Run the claim's grid (ablate.grid_runner, local workers), then write its report and
     verdict. Returns (exit status, Verdict or None)."""
-    from ablate.analysis.claim_report import write_claim_report
+    from ablate.analysis.claim_report import clause_line, write_claim_report
     from ablate.grid_runner import ExecutionOptions, run_grid
 
     grid = grid or _plan(claim, out, scale, overrides)
@@ -191,6 +218,8 @@ def reproduce(claim, out: Path, scale: str, overrides: dict, args, grid=None):
         return status, None
     report, verdict = write_claim_report(claim, out)
     print(f"{claim.name}: {verdict.text()} ({time.time() - t0:.0f} s); report: {report}", flush=True)
+    for i, clause in enumerate(verdict.clauses):
+        print(f"  {clause_line(i, clause)}", flush=True)
     return status, verdict
 
 
