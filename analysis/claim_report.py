@@ -136,7 +136,7 @@ def verdict_section(verdict: Verdict, plots: dict | None = None) -> str:
 
 def method_note(verdict: Verdict) -> str:
     claim = verdict.claim
-    return (f"Method (analysis/verdict.py states every rule): units pair by seed (same seed = same initial weights "
+    return (f"Method (analysis/claims.py states every rule, with its reference): units pair by seed (same seed = same initial weights "
             f"and batches) and by every other axis the two sides share; several units of one seed are taken as "
             f"independent. Each comparison's interval and p-value come from one test at alpha {claim.alpha:g}. A "
             f"clause agrees when every comparison in it points the claimed way (intersection-union: its p-value is "

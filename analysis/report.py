@@ -20,7 +20,7 @@ from ablate.analysis.analyse import Analysis, Settings, analyse
 from ablate.analysis.load import FINISHED, RUNNING
 from ablate.analysis.lr_sensitivity import sweep_table
 from ablate.analysis.metrics import MAD_TO_STD
-from ablate.analysis.outcomes import PLATEAU_MARGIN
+from ablate.analysis.outcomes import PLATEAU_MARGIN, SCORING_RULE
 from ablate.analysis.stats import CONTROLS, CORRECTION_SHORT, CORRECTIONS, divergence_sentence, format_p
 
 REPORT, SUMMARY_CSV, CELLS_CSV, PLOTS_DIR = "report.md", "summary.csv", "cells.csv", "plots"
@@ -293,10 +293,10 @@ def _lr_sensitivity(analysis: Analysis) -> str:
     text = [
         "## Learning-rate sensitivity",
         f"For every set of cells that differ only in learning rate and seed ({s.min_lrs} or more learning rates): "
-        "*LR sensitivity* (Wortsman et al. 2023) is the mean over the swept learning rates of min(final val loss, "
+        "*LR sensitivity* (Wortsman et al. 2023) is the mean over the swept learning rates of min(scored loss, "
         "loss at initialisation) minus the best of them, per seed, averaged over the seeds that have a result at "
-        f"every lr, with a {s.confidence:.0%} bootstrap interval; a diverged cell counts at the loss at "
-        "initialisation; 0 means the loss does not depend on the learning rate. *Best lr* minimises the mean of "
+        f"every lr, with a {s.confidence:.0%} bootstrap interval; a failed training run counts one way whichever "
+        f"way it failed: {SCORING_RULE}; 0 means the loss does not depend on the learning rate. *Best lr* minimises the mean of "
         "that clipped loss over seeds; *best loss* is its value there. The *basin* is the run of swept learning "
         f"rates around the best whose mean loss stays within {s.basin_tolerance:g} nats of the best, in decades "
         "(≥ where it reaches the end of the sweep). *First unstable lr* is the smallest lr at which a seed "
@@ -341,10 +341,10 @@ def _cells(analysis: Analysis) -> str:
             note = ""
         if c.status == "completed" and _true(getattr(c, "plateau", False)):
             note = "plateau: final val loss near the unigram entropy"
-        rows.append([f"`{c.cell_id}`", c.status, progress, fmt(c.final_val_loss), fmt(c.final_loss),
-                     fmt(c.spikes, 0), fmt(c.max_grad_norm, OTHER_DIGITS), note])
-    text = "## Cells\n\n" + _table(["cell", "status", "steps logged / planned", "final val loss", "train loss",
-                                    "spikes", "max grad norm", "note"], rows)
+        rows.append([f"`{c.cell_id}`", c.status, getattr(c, "outcome", ""), progress, fmt(c.final_val_loss),
+                     fmt(c.final_loss), fmt(c.spikes, 0), fmt(c.max_grad_norm, OTHER_DIGITS), note])
+    text = "## Cells\n\n" + _table(["cell", "status", "outcome", "steps logged / planned", "final val loss",
+                                    "train loss", "spikes", "max grad norm", "note"], rows)
     if analysis.runs.pending:
         text += "\n\nNot started yet: " + ", ".join(f"`{c}`" for c in analysis.runs.pending)
     return text
@@ -369,9 +369,11 @@ def _method(analysis: Analysis) -> str:
         "gradient norms at the last logged step where all are finite; init and mid-run values are in cells.csv.",
         "- **Residual RMS growth**: RMS of the residual stream after the last block divided by that after block 0, "
         "at the end of training.",
-        f"- **Intervals**: {s.confidence:.0%} percentile bootstrap of the mean over completed seeds "
-        f"(scipy.stats.bootstrap, {s.n_resamples} resamples, seed {s.seed}). With a handful of seeds a bootstrap "
-        "interval is approximate and tends to be narrow; with one seed there is none.",
+        f"- **Intervals**: a group's own mean has a {s.confidence:.0%} percentile bootstrap interval over its "
+        f"completed seeds (scipy.stats.bootstrap, {s.n_resamples} resamples, seed {s.seed}), descriptive only: "
+        "below about 10 seeds it covers less than it claims (about 75% at 3 seeds, where it is the seeds' range); "
+        "with one seed there is none. A comparison's interval is the t interval of the same test whose p-value "
+        "it reports, so the two never disagree.",
         "- **Comparisons**: paired by seed (the same seed gives the same initial weights and batches) over the seeds "
         "that completed in both groups, with a two-sided paired t-test on the per-seed differences; where the "
         "groups share fewer than two seeds, or train on different batches (model, batch size, context or data "

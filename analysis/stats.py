@@ -352,7 +352,7 @@ class Comparison:
     mean_group: float | None
     mean_baseline: float | None
     mean_diff: float | None  # paired: mean of (group - baseline) per seed; unpaired: difference of means
-    ci_low: float | None  # bootstrap interval of mean_diff
+    ci_low: float | None  # the t interval of mean_diff from the test that gives p_value
     ci_high: float | None
     p_value: float | None  # of `test`, before correction
     confidence: float = DEFAULT_CONFIDENCE
@@ -463,6 +463,26 @@ def difference_ci(a, b, confidence: float = DEFAULT_CONFIDENCE, n_resamples: int
     return Interval(float(ci.low), float(ci.high), confidence)
 
 
+def t_interval(differences, confidence: float = DEFAULT_CONFIDENCE) -> Interval | None:
+    """The t interval of the mean of paired differences: the interval of the same one-sample
+    t-test whose p-value the comparison reports (scipy's TtestResult.confidence_interval), so
+    the interval excludes 0 exactly when p < 1 - confidence. None without a spread."""
+    d = np.asarray(differences, dtype=float)
+    if d.size < 2 or not _varies(d):
+        return None
+    ci = scipy_stats.ttest_1samp(d, 0.0).confidence_interval(confidence)
+    return Interval(float(ci.low), float(ci.high), confidence)
+
+
+def welch_interval(a, b, confidence: float = DEFAULT_CONFIDENCE) -> Interval | None:
+    """The interval of Welch's t-test of mean(a) - mean(b), the test whose p-value is reported."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.size < 2 or b.size < 2 or not (_varies(a) or _varies(b)):
+        return None
+    ci = scipy_stats.ttest_ind(a, b, equal_var=False).confidence_interval(confidence)
+    return Interval(float(ci.low), float(ci.high), confidence)
+
+
 def paired_comparison(cells: pd.DataFrame, group: str, baseline: str, value: str = VERDICT_VALUE,
                       confidence: float = DEFAULT_CONFIDENCE, n_resamples: int = DEFAULT_RESAMPLES,
                       seed: int = DEFAULT_SEED) -> Comparison:
@@ -478,14 +498,14 @@ def paired_comparison(cells: pd.DataFrame, group: str, baseline: str, value: str
     pairs = _share_batches(cells, group, baseline)
     if pairs and len(seeds) >= 2:
         x, y = a.loc[seeds].to_numpy(dtype=float), b.loc[seeds].to_numpy(dtype=float)
-        interval = bootstrap_ci(x - y, confidence, n_resamples, seed)
+        interval = t_interval(x - y, confidence)
         return Comparison(group, baseline, value, tuple(seeds), float(x.mean()), float(y.mean()),
                           float((x - y).mean()), interval.low if interval else None,
                           interval.high if interval else None, paired_p_value(x, y), confidence, PAIRED,
                           differences=tuple(float(d) for d in x - y), **counts)
     if len(a) >= 2 and len(b) >= 2:  # the seeds do not pair: compare the two groups' means
         x, y = a.to_numpy(dtype=float), b.to_numpy(dtype=float)
-        interval = difference_ci(x, y, confidence, n_resamples, seed)
+        interval = welch_interval(x, y, confidence)
         return Comparison(group, baseline, value, (), float(x.mean()), float(y.mean()), float(x.mean() - y.mean()),
                           interval.low if interval else None, interval.high if interval else None,
                           welch_p_value(x, y), confidence, WELCH, **counts)

@@ -2,39 +2,7 @@
 directory -> a verdict per clause and a headline, with the numbers. Nothing here trains or
 imports the model: it reads what the grid wrote.
 
-The rules (alpha 0.05 unless the claim sets `alpha`):
-
-  units       cells pair by key: the seed (same seed = same initial weights and batches) and
-              every other axis that varies within a side, except the axes that tell a from b
-              and those the measure aggregates over (`consumes`, e.g. lr for LR sensitivity)
-  best rate   with `best_lr = true` each side is taken at its own best learning rate, chosen by
-              the lowest mean scored validation loss over seeds among the rates its grid swept
-              (per value of any other axis the side leaves open), and the verdict names the
-              rate each side got; a best rate at either end of the sweep is flagged ("best lr
-              at the edge of the sweep"): the true best may lie outside it
-  failed runs a plateaued or diverged cell is a failed training run (analysis/outcomes.py):
-              loss measures score it as the unigram entropy, failure measures count it; a cell
-              that did not finish at all is a missing value, counted and named, never dropped
-              in silence
-  one test    each comparison takes one test of analysis/decide.py (paired t, non-inferiority,
-              exact McNemar, exact binomial, or an exact count), whose interval and p-value come
-              from the same test at the same level, so they never disagree
-  a clause    is an intersection-union test (Berger 1982, Statistical Science 24(4)): it agrees
-              when every one of its comparisons points the claimed way, and its p-value is the
-              largest of theirs (testing each at alpha already bounds the chance of a false
-              "agrees", so no correction within); it does not agree when any comparison points
-              the other way, with the smallest such p-value times the clause's comparisons
-              (Bonferroni: any one of them can make that verdict)
-  clauses     are a family of separately reported results: their p-values are Holm-adjusted
-              together (Holm 1979), and a clause agrees / does not agree when its adjusted
-              p-value is below alpha. Reports ([[report]]) are shown, unadjusted, never deciding
-  headline    "agrees" when every clause agrees, "agrees in part (k of n clauses)" when some do,
-              "does not agree" when none does and at least one does not agree, else
-              "cannot tell"
-  cannot tell says what the data exclude (the interval's ends) and how many seeds would resolve
-              the clause's declared smallest effect of interest (not the observed effect, which
-              with 2 degrees of freedom is uncertain by an order of magnitude), from the observed
-              spread, at alpha / (number of clauses), Holm's first step
+The rules it applies, with their references, are stated once, in analysis/claims.py's docstring.
 """
 from __future__ import annotations
 
