@@ -41,6 +41,8 @@ def figure(r: Result) -> str:
             f"a - b = {_g(t.estimate, 4)} {r.unit} (exact)"
     ci = f"[{t.interval.low:.3g}, {t.interval.high:.3g}]" if t.interval else "(no interval)"
     level = f"{t.interval.confidence:.0%}" if t.interval else ""
+    if MEASURES[r.compare.measure].test == "binary" and t.p_value is None:
+        return f"{t.detail}: no discordant pair, no test"
     if MEASURES[r.compare.measure].test == "binary":
         what = ("share of discordant pairs where a alone failed" if r.compare.b is not None
                 else f"rate (against {r.compare.than:g})")
@@ -52,13 +54,20 @@ def figure(r: Result) -> str:
 
 def _excluded(r: Result) -> str:
     """What a result that cannot tell still rules out, and what would resolve it."""
-    t, parts = r.test, []
-    if t is not None and t.interval is not None and MEASURES[r.compare.measure].test == "t":
+    t, parts, kind = r.test, [], MEASURES[r.compare.measure].test
+    if t is None:
+        return r.note
+    if t.interval is not None and kind == "t":
         parts.append(f"the data exclude a - b below {t.interval.low:+.3g} or above {t.interval.high:+.3g} {r.unit}")
+    if kind == "binary" and t.detail:
+        parts.append(f"failed {t.detail}" if r.compare.measure == "failed" else t.detail)
+    if t.interval is not None and kind == "binary":
+        what = "the share of discordant pairs where a alone failed" if r.compare.b is not None else "a's rate"
+        parts.append(f"the data exclude {what} outside [{t.interval.low:.2f}, {t.interval.high:.2f}]")
     if r.seeds_needed is not None:
         parts.append(f"about {r.seeds_needed} seeds would resolve the smallest effect of interest "
                      f"({r.compare.effect:g} {r.unit})")
-    elif r.compare.effect:
+    elif r.compare.effect and kind == "t":
         parts.append(f"no estimate of the seeds that would resolve {r.compare.effect:g} {r.unit} (no spread observed)")
     return "; ".join(parts)
 
@@ -70,7 +79,7 @@ def _side_notes(r: Result) -> list[str]:
             picks = "; ".join(f"{what + ': ' if what else ''}lr {lr:g}{' (at the edge of the sweep)' if edge else ''}"
                               for what, lr, edge in r.best[side])
             notes.append(f"best lr of {side}: {picks}")
-    counts = [f"{side}: {outcome_counts(r.outcomes[side])}" for side in ("a", "b") if side in r.outcomes]
+    counts = [f"{side}: {outcome_counts(r.outcomes[side])}" for side in ("a", "b") if r.outcomes.get(side)]
     if counts:
         notes.append("cells " + "; ".join(counts))
     for side, missing in r.missing.items():

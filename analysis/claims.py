@@ -46,8 +46,8 @@ The rules (alpha 0.05 unless the claim sets `alpha`):
               the other way, with the smallest such p-value times the clause's comparisons
               (Bonferroni: any one of them can make that verdict)
   clauses     are a family of separately reported results: their p-values are Holm-adjusted
-              together (Holm 1979, Scand. J. Statist. 6, 65-70), and a clause agrees / does not agree when its adjusted
-              p-value is below alpha. Reports ([[report]]) are shown, unadjusted, never deciding
+              together (Holm 1979, Scand. J. Statist. 6, 65-70), and a clause agrees / does not
+              agree when its adjusted p-value is below alpha. Reports ([[report]]) are shown, unadjusted, never deciding
   headline    "agrees" when every clause agrees, "agrees in part (k of n clauses)" when some do,
               "does not agree" when none does and at least one does not agree, else
               "cannot tell"

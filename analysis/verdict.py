@@ -174,7 +174,9 @@ def compare(ctx: Context, c: Compare, alpha: float, alpha_power: float) -> Resul
     a = values["a"]
     b = values["b"] if c.b is not None else pd.Series({k: c.than for k in a.index}, dtype=float)
     keys = [k for k in a.index if k in b.index]
-    outcomes = {side: dict(Counter(cells["outcome"])) for side, cells in sides.items() if "outcome" in cells}
+    # Cells that only take a step to be read at initialisation have no training outcome to tell.
+    outcomes = {side: dict(Counter(cells["outcome"])) for side, cells in sides.items()
+                if "outcome" in cells and not (pd.to_numeric(cells.get("planned_steps"), errors="coerce") <= 1).all()}
     base = Result(c, m.unit, tuple(keys), tuple(a[keys]), tuple(b[keys]), None, outcomes, best, missing)
     if not keys:
         return _replace(base, note="no unit has a value on both sides" if c.b is not None else "no cell has a value")
