@@ -552,3 +552,16 @@ def test_a_real_miniature_reproduces_end_to_end(tmp_path, capsys):
     assert (out / "plots" / "claim_residual-gradient.png").read_bytes()[:8] == PNG
     assert "## Verdict: residual-gradient" in (out / "report.md").read_text()
     assert "residual-gradient: cannot tell" in capsys.readouterr().out
+
+
+def test_reproduce_refuses_a_claim_its_grid_cannot_feed_before_writing(tmp_path, monkeypatch, capsys):
+    import ablate.commands.reproduce as reproduce
+
+    claim = parse_claim({"name": "basin", "statement": "s", "source": "x", "grid": "claim-prenorm-wins",
+                         "clause": [{"sentence": "s", "label": "l", "compare": [entry("basin_width", expect="lower",
+                                                                                      at={"init": "gpt2"})]}]})
+    monkeypatch.setattr(reproduce, "find_claim", lambda name: claim)
+    assert main(["reproduce", "basin", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "'basin_width' cannot vary on this grid" in err and "Traceback" not in err
+    assert not (tmp_path / "x").exists()
