@@ -190,6 +190,24 @@ def _refuse_another_run(run_dir: Path, old: dict, new: dict) -> None:
         now = ", ".join(f"{k}={_shown(new, k)}" for k in differ)
         raise ConfigError(f"{run_dir} holds a run with a different training config ({was}), but this command "
                           f"asks for {now}; valid: the run's own options, another --out, or remove that folder")
+    _refuse_changed_plugins(run_dir, old, new)
+
+
+def _refuse_changed_plugins(run_dir: Path, old: dict, new: dict) -> None:
+    """A plugin defines values the run trained with: the same plugin with other code is another
+    run, refused like any other setting that differs (resuming would mix two codes in one run)."""
+    def by_name(config: dict) -> dict:
+        records = config.get("plugins")
+        return {(r.get("source"), r.get("name")): r for r in records if isinstance(r, dict)} \
+            if isinstance(records, list) else {}
+
+    now = by_name(new)
+    for key, was in by_name(old).items():
+        if key in now and was.get("sha256") != now[key].get("sha256"):
+            where = was.get("file") or was.get("name")
+            raise ConfigError(f"{run_dir} was trained with plugin {where} at {was.get('sha256')}, but that plugin "
+                              f"is now {now[key].get('sha256')}; a changed plugin is a changed run; valid: the "
+                              "plugin as it was, another --out, or remove that folder")
 
 
 def _threads_for(cell, cfg: TrainConfig, old: dict | None, run_dir: Path) -> int:

@@ -34,3 +34,41 @@ def test_status_returns_when_a_cells_metrics_is_a_fifo(tmp_path):
     result = run_cli("status", tmp_path, timeout=20)
     assert result.returncode == 0, result.stderr
     assert "1 cell: " in result.stdout and "interrupted" in result.stdout
+
+
+# ----------------------------------------------------------------------------- item 1: plugins
+
+PLUGIN = """
+import torch
+from ablate.variants import ACTIVATIONS
+
+@ACTIVATIONS.register("mish_r2")
+def mish(x):
+    return x * torch.tanh(torch.nn.functional.softplus(x))
+"""
+TINY = ("--layers", 2, "--steps", 2, "--eval-batches", 1, "--final-eval-batches", 1, "--quiet")
+
+
+def sha256(path: Path) -> str:
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_plugin_edited_between_kill_and_rerun_is_refused_naming_both_hashes(tmp_path):
+    plugin = tmp_path / "m.py"
+    plugin.write_text(PLUGIN)
+    args = ("train", "--import", plugin, "--act", "mish_r2", *TINY, "--out", tmp_path / "o")
+    first = run_cli(*args, timeout=300)
+    assert first.returncode == 0, first.stderr
+    (run_dir,) = (tmp_path / "o").iterdir()
+    (run_dir / "summary.json").unlink()  # as if killed before it finished: the rerun resumes it
+    before = sha256(plugin)
+    plugin.write_text(PLUGIN.replace("softplus(x)", "softplus(x) * 0.5"))
+    config = (run_dir / "config.json").read_text()
+    rerun = run_cli(*args, timeout=300)
+    assert rerun.returncode == 2, rerun.stderr
+    assert rerun.stderr.count("\n") == 1 and "Traceback" not in rerun.stderr
+    assert str(plugin) in rerun.stderr and before in rerun.stderr and sha256(plugin) in rerun.stderr
+    assert (run_dir / "config.json").read_text() == config  # its record is not overwritten
+    assert not (run_dir / "summary.json").exists()
