@@ -72,3 +72,52 @@ def test_a_plugin_edited_between_kill_and_rerun_is_refused_naming_both_hashes(tm
     assert str(plugin) in rerun.stderr and before in rerun.stderr and sha256(plugin) in rerun.stderr
     assert (run_dir / "config.json").read_text() == config  # its record is not overwritten
     assert not (run_dir / "summary.json").exists()
+
+
+# ----------------------------------------------------------------------------- item 2: grid imports
+
+MARKING_PLUGIN = PLUGIN + """
+from pathlib import Path
+Path(__file__).with_name("RAN").write_text("the plugin ran")
+"""
+
+
+def grid_with_import(tmp_path: Path) -> tuple[Path, Path]:
+    plugin = tmp_path / "x.py"
+    plugin.write_text(MARKING_PLUGIN)
+    grid = tmp_path / "g.toml"
+    grid.write_text('name = "imp"\nimports = ["x.py"]\n[base]\nlayers = 2\nsteps = 2\n[axes]\nact = ["mish_r2", "gelu"]\n')
+    return grid, plugin
+
+
+def test_a_grid_files_import_is_listed_with_its_hash_and_not_run_on_dry_run(tmp_path):
+    grid, plugin = grid_with_import(tmp_path)
+    dry = run_cli("grid", grid, "--dry-run", "--out", tmp_path / "out", cwd=tmp_path)
+    assert not (tmp_path / "RAN").exists()
+    assert f"imports {plugin} ({sha256(plugin)}; registers ACTIVATIONS 'mish_r2', not run)" in dry.stderr
+    assert dry.returncode == 2 and "--trust-imports" in dry.stderr.splitlines()[-1]
+    assert "Traceback" not in dry.stderr
+    trusted = run_cli("grid", grid, "--dry-run", "--trust-imports", "--out", tmp_path / "out", cwd=tmp_path)
+    assert trusted.returncode == 0, trusted.stderr
+    assert (tmp_path / "RAN").exists() and "pre.layernorm.mish_r2.dense.res" in trusted.stdout
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_grid_files_import_runs_only_with_consent(tmp_path):
+    grid, plugin = grid_with_import(tmp_path)
+    refused = run_cli("grid", grid, "--out", tmp_path / "out", "--set", "steps=1", cwd=tmp_path)
+    assert refused.returncode == 2 and not (tmp_path / "RAN").exists() and not (tmp_path / "out").exists()
+    assert sha256(plugin) in refused.stderr and "Traceback" not in refused.stderr
+    assert "--trust-imports" in refused.stderr.splitlines()[-1] and f"--import {plugin}" in refused.stderr
+    # The same file named on the command line is the user's consent.
+    named = run_cli("grid", grid, "--import", plugin, "--dry-run", "--out", tmp_path / "out", cwd=tmp_path)
+    assert named.returncode == 0, named.stderr
+    assert (tmp_path / "RAN").exists() and "pre.layernorm.mish_r2.dense.res" in named.stdout
+
+
+def test_a_plugin_file_that_is_not_python_is_one_line(tmp_path):
+    plugin = tmp_path / "m.txt"
+    plugin.write_text(PLUGIN)
+    result = run_cli("variants", "--import", plugin)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "m.txt" in result.stderr and ".py" in result.stderr and "Traceback" not in result.stderr
