@@ -79,8 +79,23 @@ def read_cells(root: str | Path, out: Path) -> tuple[Iterator[RunFiles], list[st
     return cells, scan.skipped
 
 
+def path_component(text: str) -> str:
+    """A name read from a run folder (data) as one safe path component: no separator, no NUL,
+    never "", "." or "..", so that joining it to --out can neither climb out nor restart at /."""
+    text = re.sub(r"[/\\\x00]", "_", text)
+    return text if text.strip(".") else text.replace(".", "_") or "_"
+
+
 def run_name(files: RunFiles) -> str:
-    return f"{files.group}/seed={files.config.get('seed')}"
+    return f"{path_component(files.group)}/seed={path_component(str(files.config.get('seed')))}"
+
+
+def inside(out: Path, name: str) -> Path:
+    """`out / name`, refused (ExportError) should it resolve anywhere but below `out`."""
+    path = out / name
+    if out.resolve() not in path.resolve().parents:
+        raise ExportError(f"run name {name!r} would be written outside --out {out}")
+    return path
 
 
 def new_rows(files: RunFiles, after_step: int) -> list[dict[str, Any]]:
@@ -187,7 +202,7 @@ def export_tensorboard(root: str | Path, out: str | Path) -> Exported:
         name = run_name(files)
         all_hparams[name] = values = hparams(files)
         families |= layer_families(files.rows)
-        run_dir = out / name
+        run_dir = inside(out, name)
         state = TensorBoardRun.read(run_dir)
         # Steps are placed in time from when the run began (config.json is written first).
         began = (files.path / "config.json").stat().st_mtime

@@ -121,3 +121,23 @@ def test_a_plugin_file_that_is_not_python_is_one_line(tmp_path):
     result = run_cli("variants", "--import", plugin)
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert "m.txt" in result.stderr and ".py" in result.stderr and "Traceback" not in result.stderr
+
+
+# ----------------------------------------------------------------------------- item 3: export paths
+
+
+def files_under(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize("kind", ["absolute", "climbing"])
+def test_a_tensorboard_export_writes_nothing_outside_out_whatever_the_group_says(tmp_path, kind):
+    runs, out = tmp_path / "runs", tmp_path / "a" / "b" / "tb"
+    group = str(tmp_path / "x" / "ESCAPE") if kind == "absolute" else "../../../x/ESCAPE"
+    write_run(runs, V, 0, group=group)
+    write_run(runs, V, 1, group="..")
+    before = files_under(tmp_path)
+    assert main(["export", str(runs), "--to", "tensorboard", "--out", str(out)]) == 0
+    escaped = {p for p in files_under(tmp_path) - before if out not in p.parents and p != out}
+    assert escaped <= {tmp_path / "a", tmp_path / "a" / "b"}  # --out's own parents, nothing else
+    assert len(list(out.rglob("events.out.tfevents.*.start*"))) == 2
