@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ablate.analysis.load import SUMMARY, VARIANT_AXES, RunFiles, read_run_files, scan_runs, setting_keys
+from ablate.rundir import create_temporary, replace_atomic
 
 SUMMARY_FIELDS = ("final_loss", "final_val_loss", "diverged_at_step", "steps", "wall_time_s")
 # What the hyper-parameter table shows beside the axes (the last value of each in a run).
@@ -240,9 +241,9 @@ def _write_event_file(run_dir: Path, seq: int, tokens: list[str], events: list, 
 
     run_dir.mkdir(parents=True, exist_ok=True)
     final = run_dir / ".".join([f"events.out.tfevents.{seq:06d}.ablate", *tokens])
-    tmp = run_dir / f".part-{seq:06d}.tmp"
+    fd, tmp = create_temporary(run_dir / f"part-{seq:06d}")  # a fresh file, never a planted link
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
             writer = RecordWriter(f)
             header = event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")
             for event in [header, *events]:
@@ -348,9 +349,8 @@ def export_wandb(root: str | Path, out: str | Path, project: str | None = None) 
             if old.name != state["folder"]:
                 shutil.rmtree(old)
         state_dir.mkdir(parents=True, exist_ok=True)
-        tmp = state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state))
-        os.replace(tmp, state_path)
+        text = json.dumps(state)
+        replace_atomic(state_path, lambda f: f.write(text.encode()))
     return result
 
 

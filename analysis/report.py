@@ -9,6 +9,9 @@ Everything is computed (and bad input refused) before anything is written.
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Callable, Iterable, Union
 
@@ -21,6 +24,7 @@ from ablate.analysis.load import FINISHED, RUNNING
 from ablate.analysis.lr_sensitivity import sweep_table
 from ablate.analysis.metrics import MAD_TO_STD, PLATEAU_MARGIN
 from ablate.analysis.stats import CONTROLS, CORRECTION_SHORT, CORRECTIONS, divergence_sentence, format_p
+from ablate.rundir import replace_atomic
 
 REPORT, SUMMARY_CSV, CELLS_CSV, PLOTS_DIR = "report.md", "summary.csv", "cells.csv", "plots"
 LR_CSV = "lr_sensitivity.csv"  # written when the runs sweep lr over enough values
@@ -38,18 +42,39 @@ def write_report(path: str | Path, baseline: str | None = None, preamble_section
     root = Path(path)
     preamble = [_render_section(s, analysis) for s in preamble_sections]  # may fail: before writing
 
-    analysis.summary.to_csv(root / SUMMARY_CSV, index=False)
-    analysis.metrics.drop(columns=["path"], errors="ignore").to_csv(root / CELLS_CSV, index=False)
+    # Every output is written to a fresh file and renamed into place: a link planted at an
+    # output's name is replaced, never written through (ablate.rundir.replace_atomic).
+    _write_text(root / SUMMARY_CSV, analysis.summary.to_csv(index=False))
+    _write_text(root / CELLS_CSV, analysis.metrics.drop(columns=["path"], errors="ignore").to_csv(index=False))
     if analysis.lr_sweeps:
-        sweep_table(analysis.lr_sweeps).to_csv(root / LR_CSV, index=False)
-    written = make_plots(analysis, root / PLOTS_DIR, dpi)
+        _write_text(root / LR_CSV, sweep_table(analysis.lr_sweeps).to_csv(index=False))
+    fresh = Path(tempfile.mkdtemp(prefix=".plots-", dir=root))  # a new folder: nothing planted in it
     try:
-        text = render(analysis, preamble, written)
+        written = make_plots(analysis, fresh, dpi)
+        try:
+            text = render(analysis, preamble, written)
+        finally:
+            plots.close(written)
+        _move_plots(fresh, root / PLOTS_DIR)
     finally:
-        plots.close(written)
+        shutil.rmtree(fresh, ignore_errors=True)
     out = root / REPORT
-    out.write_text(text)
+    _write_text(out, text)
     return out
+
+
+def _write_text(path: Path, text: str) -> None:
+    replace_atomic(path, lambda f: f.write(text.encode()), fsync=False)
+
+
+def _move_plots(fresh: Path, plots_dir: Path) -> None:
+    """Rename the plots made in `fresh` into `plots_dir` (a rename replaces a link at a
+    plot's name, never its target); a `plots_dir` that is a link is replaced by a folder."""
+    if plots_dir.is_symlink():
+        plots_dir.unlink()
+    plots_dir.mkdir(exist_ok=True)
+    for path in sorted(fresh.iterdir()):
+        os.replace(path, plots_dir / path.name)
 
 
 def make_plots(analysis: Analysis, out_dir: Path, dpi: int = 120) -> list[plots.Plot]:

@@ -141,3 +141,43 @@ def test_a_tensorboard_export_writes_nothing_outside_out_whatever_the_group_says
     escaped = {p for p in files_under(tmp_path) - before if out not in p.parents and p != out}
     assert escaped <= {tmp_path / "a", tmp_path / "a" / "b"}  # --out's own parents, nothing else
     assert len(list(out.rglob("events.out.tfevents.*.start*"))) == 2
+
+
+# ----------------------------------------------------------------------------- item 6: planted links
+
+
+def plant_links(victim_dir: Path, paths: list[Path]) -> dict[Path, Path]:
+    """A link at each output path, to a victim file of its own; returns link -> victim."""
+    links = {}
+    for i, path in enumerate(paths):
+        victim = victim_dir / f"victim-{i}"
+        victim.write_text("keep me\n")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)
+        path.symlink_to(victim)
+        links[path] = victim
+    return links
+
+
+def test_report_outputs_planted_as_links_leave_their_targets_untouched(tmp_path):
+    runs, victims = tmp_path / "runs", tmp_path / "victims"
+    victims.mkdir()
+    write_grid(runs, [write_run(runs, V, s) for s in (0, 1)])
+    assert main(["report", str(runs)]) == 0
+    outputs = [runs / "report.md", runs / "summary.csv", runs / "cells.csv", *sorted((runs / "plots").iterdir())]
+    assert any(p.suffix == ".png" for p in outputs)
+    links = plant_links(victims, outputs)
+    assert main(["report", str(runs)]) == 0
+    assert all(v.read_text() == "keep me\n" for v in links.values())
+    assert all(not p.is_symlink() and p.is_file() for p in links)
+
+
+def test_export_temporaries_planted_as_links_leave_their_targets_untouched(tmp_path):
+    runs, out, victims = tmp_path / "runs", tmp_path / "tb", tmp_path / "victims"
+    victims.mkdir()
+    run = write_run(runs, V, 0)
+    run_dir = out / run.group / "seed=0"
+    links = plant_links(victims, [run_dir / f".part-{i:06d}.tmp" for i in range(2)] + [out / ".part-000000.tmp"])
+    assert main(["export", str(runs), "--to", "tensorboard", "--out", str(out)]) == 0
+    assert all(v.read_text() == "keep me\n" for v in links.values())
+    assert list(run_dir.glob("events.out.tfevents.*"))
