@@ -181,3 +181,43 @@ def test_export_temporaries_planted_as_links_leave_their_targets_untouched(tmp_p
     assert main(["export", str(runs), "--to", "tensorboard", "--out", str(out)]) == 0
     assert all(v.read_text() == "keep me\n" for v in links.values())
     assert list(run_dir.glob("events.out.tfevents.*"))
+
+
+# ----------------------------------------------------------------------------- items 7, 8: export
+
+
+def clean_env(tmp_path: Path) -> dict:
+    """HOME and TMPDIR in an empty folder of the test's, and no W&B settings from outside."""
+    home = tmp_path / "home"
+    (home / "tmp").mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(HOME=str(home), TMPDIR=str(home / "tmp"), XDG_CACHE_HOME=str(home / ".cache"),
+               XDG_CONFIG_HOME=str(home / ".config"), WANDB_SILENT="true")
+    return env
+
+
+def test_a_wandb_export_leaves_nothing_outside_out(tmp_path):
+    pytest.importorskip("wandb")
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    write_run(runs, V, 0)
+    env = clean_env(tmp_path)
+    result = run_cli("export", runs, "--to", "wandb", "--out", out, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert list(out.glob("wandb/offline-run-*"))
+    left = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "home").rglob("*") if p.is_file())
+    assert left == []
+
+
+@pytest.mark.parametrize("target", ["tensorboard", "wandb"])
+def test_export_skips_a_step_out_of_range_with_a_warning(tmp_path, target, monkeypatch):
+    pytest.importorskip(target)
+    for var in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb-home" / var))
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    run = write_run(runs, V, 0, status="running")
+    with open(run.path / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 2**63, "loss": 1.0}) + "\n")
+    result = run_cli("export", runs, "--to", target, "--out", out, env={**os.environ, "WANDB_SILENT": "true"},
+                     timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and str(2**63) in result.stderr
