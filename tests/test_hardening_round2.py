@@ -267,3 +267,16 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_exit_2_no_result_and_a_clea
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(6))
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+
+
+# ----------------------------------------------------------------------------- item 11: test readers
+
+
+def test_the_grid_run_tests_readers_tolerate_a_line_being_written(tmp_path):
+    import cluster_helpers
+    import test_grid_run
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "loss": 4.0}\n{"step": 1, "loss": 3.9}\n{"step": 2, "lo')
+    assert test_grid_run.metrics_steps(tmp_path) == [0, 1]
+    assert [r["step"] for r in cluster_helpers.metrics(tmp_path)] == [0, 1]
+    assert cluster_helpers.logged_steps(tmp_path) == 2
