@@ -278,6 +278,22 @@ def _keep_metrics_before(path: Path, step: int) -> list[float]:
     return [loss for _, loss in kept[-FINAL_LOSS_WINDOW:] if loss is not None]
 
 
+def missing_logged_steps(path: Path, start: int, log_every: int) -> list[int]:
+    """The steps before `start` the schedule logged but metrics.jsonl has no row for: a line a
+    resume could not read and dropped. Derived from the file alone, so every later resume and
+    the summary find the same gap."""
+    expected = set(range(0, start, log_every))
+    if not expected or not path.exists():
+        return sorted(expected)
+    with open(path, "rb") as f:
+        for raw in f:
+            try:
+                expected.discard(json.loads(raw).get("step"))
+            except (ValueError, AttributeError, TypeError):  # rows kept by a resume are valid; be safe
+                continue
+    return sorted(expected)
+
+
 def _save_checkpoint(path: Path, model, opt, step: int, state: dict) -> None:
     """Tensors and plain values only, so that resuming loads it with weights_only=True: a
     checkpoint on disk can never run code. Written beside and renamed over (never through a link)."""
@@ -391,6 +407,11 @@ def _train(cell, run_dir: Path, plan: RunPlan, old: dict | None, threads: int, q
     # final_loss is the mean loss of the last FINAL_LOSS_WINDOW *logged* steps (runs/README.md),
     # the same rows `ablate report` reads, so a resume carries over the ones logged before it.
     recent = _keep_metrics_before(run_dir / METRICS, start)
+    missing = missing_logged_steps(run_dir / METRICS, start, cfg.log_every) if start else []
+    if missing:
+        print(f"ablate: {run_dir / METRICS}: no row for step{'s' if len(missing) > 1 else ''} "
+              f"{', '.join(map(str, missing[:10]))}{' ...' if len(missing) > 10 else ''} (an unreadable line dropped "
+              "on resume); summary.json names them", file=sys.stderr)
 
     probes = Probes(model, compiled=cfg.compile, autocast=(device.type, amp)) if cfg.probes else None
     model.record_act_norms = cfg.probes
@@ -467,6 +488,7 @@ def _train(cell, run_dir: Path, plan: RunPlan, old: dict | None, threads: int, q
         "steps": step + 1,
         "wall_time_s": elapsed,
         "error": None,
+        **({"missing_steps": missing} if missing else {}),  # logged steps whose rows were lost
     }
     write_json_atomic(run_dir / SUMMARY, summary)
     ckpt_path.unlink(missing_ok=True)  # a finished run is never resumed

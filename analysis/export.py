@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ablate.analysis.load import METRICS, SUMMARY, VARIANT_AXES, RunFiles, read_run_files, scan_runs, setting_keys
-from ablate.rundir import create_temporary, replace_atomic
+from ablate.analysis.safe_files import create_temporary, replace_atomic
 
 SUMMARY_FIELDS = ("final_loss", "final_val_loss", "diverged_at_step", "steps", "wall_time_s")
 # What the hyper-parameter table shows beside the axes (the last value of each in a run).

@@ -24,7 +24,7 @@ from ablate.analysis.load import FINISHED, RUNNING
 from ablate.analysis.lr_sensitivity import sweep_table
 from ablate.analysis.metrics import MAD_TO_STD, PLATEAU_MARGIN
 from ablate.analysis.stats import CONTROLS, CORRECTION_SHORT, CORRECTIONS, divergence_sentence, format_p
-from ablate.rundir import replace_atomic
+from ablate.analysis.safe_files import replace_atomic
 
 REPORT, SUMMARY_CSV, CELLS_CSV, PLOTS_DIR = "report.md", "summary.csv", "cells.csv", "plots"
 LR_CSV = "lr_sensitivity.csv"  # written when the runs sweep lr over enough values
@@ -365,6 +365,11 @@ def _cells(analysis: Analysis) -> str:
             note = ""
         if c.status == "completed" and _true(getattr(c, "plateau", False)):
             note = "plateau: final val loss near the unigram entropy"
+        missing = getattr(c, "missing_steps", None)
+        if isinstance(missing, list) and missing:
+            gap = (f"no metrics row for step{'s' if len(missing) > 1 else ''} "
+                   f"{', '.join(map(str, missing[:10]))}{' ...' if len(missing) > 10 else ''} (lost on a resume)")
+            note = f"{note}; {gap}" if note else gap
         rows.append([f"`{c.cell_id}`", c.status, progress, fmt(c.final_val_loss), fmt(c.final_loss),
                      fmt(c.spikes, 0), fmt(c.max_grad_norm, OTHER_DIGITS), note])
     text = "## Cells\n\n" + _table(["cell", "status", "steps logged / planned", "final val loss", "train loss",

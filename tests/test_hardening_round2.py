@@ -280,3 +280,34 @@ def test_the_grid_run_tests_readers_tolerate_a_line_being_written(tmp_path):
     assert test_grid_run.metrics_steps(tmp_path) == [0, 1]
     assert [r["step"] for r in cluster_helpers.metrics(tmp_path)] == [0, 1]
     assert cluster_helpers.logged_steps(tmp_path) == 2
+
+
+# ----------------------------------------------------------------------------- item 10: a lost line
+
+
+def test_the_step_of_a_line_dropped_on_resume_is_kept_in_the_record_and_named_in_the_report(tmp_path, capsys):
+    import ablate.train as T
+    from ablate.cell import Cell, run_cell
+
+    cell = Cell.from_options({"layers": 2, "steps": 6, "checkpoint_every": 2, "eval_batches": 1,
+                              "final_eval_batches": 1})
+    run_dir = tmp_path / "g" / cell.id
+    calls = []
+
+    def killed_after_step_3():
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt  # after the checkpoint at step 2: the rerun resumes there
+
+    with pytest.raises(KeyboardInterrupt):
+        T.train(cell, run_dir, after_step=killed_after_step_3)
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    lines[1] = '{"step": 1, "lo'  # damaged mid-file: the resume cannot keep it
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    run_cell(cell, tmp_path / "g")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["missing_steps"] == [1]
+    assert "step 1" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "g")]) == 0
+    report = (tmp_path / "g" / "report.md").read_text()
+    assert "no metrics row for step 1" in report
