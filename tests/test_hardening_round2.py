@@ -311,3 +311,23 @@ def test_the_step_of_a_line_dropped_on_resume_is_kept_in_the_record_and_named_in
     assert main(["report", str(tmp_path / "g")]) == 0
     report = (tmp_path / "g" / "report.md").read_text()
     assert "no metrics row for step 1" in report
+
+
+# ----------------------------------------------------------------------------- item 12: smaller
+
+
+def test_grid_json_counts_never_go_back_with_two_grid_processes_on_one_folder(tmp_path):
+    from ablate.grid_state import GridJson
+
+    record = {"name": "two", "cells": [{"id": f"c{i}", "group": f"c{i}", "options": {}} for i in range(3)]}
+    a, b = GridJson(tmp_path, record), GridJson(tmp_path, record)  # one per grid process
+    a.write(), b.write()
+    seen = []
+    for i, writer in ((0, b), (1, a), (2, b)):  # each process finishes a cell in turn
+        (tmp_path / f"c{i}").mkdir()
+        (tmp_path / f"c{i}" / "summary.json").write_text(json.dumps({"status": "completed"}))
+        writer.write([f"c{i}"])
+        seen.append(json.loads((tmp_path / "grid.json").read_text())["counts"].get("completed", 0))
+        (a if writer is b else b).write(["c2"])  # the other process reports on a cell of its own
+        seen.append(json.loads((tmp_path / "grid.json").read_text())["counts"].get("completed", 0))
+    assert seen == sorted(seen) and seen[-1] == 3, seen
