@@ -331,3 +331,27 @@ def test_grid_json_counts_never_go_back_with_two_grid_processes_on_one_folder(tm
         (a if writer is b else b).write(["c2"])  # the other process reports on a cell of its own
         seen.append(json.loads((tmp_path / "grid.json").read_text())["counts"].get("completed", 0))
     assert seen == sorted(seen) and seen[-1] == 3, seen
+
+
+def test_report_refuses_a_folder_whose_only_cell_cannot_be_read(tmp_path, capsys):
+    run = write_run(tmp_path, V, 0)
+    write_grid(tmp_path, [run])
+    (run.path / "config.json").write_text('{"cell_id": "x", "vari')  # cut mid-write
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "config.json" in err and "no cells started" not in err and err.strip().count("\n") <= 1
+    assert not (tmp_path / "report.md").exists()
+
+
+def test_a_commands_python_warnings_are_one_line_each_without_source(monkeypatch, capsys):
+    import warnings
+
+    import ablate.commands.variants as command
+
+    def warns(args):
+        warnings.warn("a library's warning\nover two lines", UserWarning)
+        return 0
+
+    monkeypatch.setattr(command, "run", warns)
+    assert main(["variants"]) == 0
+    assert capsys.readouterr().err == "ablate variants: warning: a library's warning\n"
