@@ -179,6 +179,8 @@ def run_cell(cell: Cell, out_root: str | Path, retries: int = 0, quiet: bool = T
                     raise  # the machine's fault (a full disk): not the run's result; a rerun resumes
                 error = _record_error(run_dir, first + attempt, e)
             except Exception as e:  # noqa: BLE001  (any other error in a run is its result)
+                if (full := environment_error(e)) is not None:
+                    raise full from None  # a full disk, however a library wrapped it
                 error = _record_error(run_dir, first + attempt, e)
             if attempt == retries:
                 summary = failed_summary(error, attempts_before + attempt + 1)
@@ -187,6 +189,19 @@ def run_cell(cell: Cell, out_root: str | Path, retries: int = 0, quiet: bool = T
     finally:
         lock.release()
     raise AssertionError("unreachable")
+
+
+def environment_error(e: BaseException | None) -> OSError | None:
+    """The machine's error (ENVIRONMENT_ERRNOS) behind `e`, however it was wrapped: torch.save
+    reports a write that hit a full disk as RuntimeError("[enforce fail at inline_container.cc]
+    unexpected pos ..."), the OSError only in its context."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError) and e.errno in ENVIRONMENT_ERRNOS:
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
 
 
 _ERROR_FILE = re.compile(r"^error-attempt(\d+)\.txt$")

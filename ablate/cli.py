@@ -9,6 +9,7 @@ import argparse
 import errno
 import importlib
 import sys
+import warnings
 
 from ablate.errors import ConfigError
 
@@ -74,6 +75,15 @@ def describe_os_error(e: OSError) -> str:
     return f"{what}: {' -> '.join(map(str, paths))}" if paths else what
 
 
+def _one_line_warning(command: str):
+    """A Python warning (a library's UserWarning) as one line on stderr, without the source
+    line Python shows beneath it."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = (str(message).splitlines() or [category.__name__])[0]
+        print(f"ablate {command}: warning: {text}", file=sys.stderr)
+    return show
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = argv[0] if argv and argv[0] in COMMANDS else ""  # "": no command given, or a bad one
@@ -87,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
             from ablate import plugins
 
             plugins.load(args.imports)
-        return int(args.run(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warning(args.command)
+            return int(args.run(args) or 0)
     except ConfigError as e:
         print(f"ablate {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -78,6 +78,7 @@ class GridJson:
         self.lines: list[str] = [""] * len(self.entries)
         self.counts: Counter = Counter()
         self.last_full = float("-inf")
+        self.written: tuple | None = None  # grid.json as this process last wrote it (see _identity)
 
     def _derive(self, i: int) -> None:
         c = self.entries[i]
@@ -95,7 +96,11 @@ class GridJson:
         its header with counts (without the cells, which `state()` adds)."""
         self.out_root.mkdir(parents=True, exist_ok=True)
         with _FileLock(self.out_root / GRID_LOCK):
-            full = changed is None or time.monotonic() - self.last_full > self.FULL_EVERY_S
+            # Another process (a second grid on this folder) wrote grid.json since we did: our
+            # cached statuses of its cells are older than its file, so re-derive them all, or
+            # the counts would go backwards.
+            full = (changed is None or time.monotonic() - self.last_full > self.FULL_EVERY_S
+                    or self._written_elsewhere())
             if full:
                 self.last_full = time.monotonic()
             for i in range(len(self.entries)) if full else sorted({self.index[c] for c in changed if c in self.index}):
@@ -107,12 +112,25 @@ class GridJson:
             text = text[:-2] + ',\n  "cells": [\n' + ",\n".join(self.lines) + "\n  ]\n}\n"
             # No fsync: grid.json is re-derived from the run directories by any later run.
             replace_atomic(self.out_root / GRID_JSON, lambda f: f.write(text.encode()), fsync=False)
+            self.written = _identity(self.out_root / GRID_JSON)
         return head
+
+    def _written_elsewhere(self) -> bool:
+        return _identity(self.out_root / GRID_JSON) != self.written
 
     def state(self) -> dict[str, Any]:
         """What the last write wrote, as write_grid_json returns it."""
         cells = [_entry(c, st) for c, st in zip(self.entries, self.status)]
         return {**self.head, "counts": {k: v for k, v in self.counts.items() if v}, "cells": cells}
+
+
+def _identity(path: Path) -> tuple | None:
+    """Which file is at `path`: every write renames a new file into place (a new inode)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_ino, info.st_dev, info.st_mtime_ns
 
 
 def write_grid_json(out_root: str | Path, record: dict[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -241,7 +242,33 @@ def _entries(source: str, where: str, value: Any, lists: bool) -> list[dict]:
     return out
 
 
-def read_grid_file(path: Path) -> dict[str, Any]:
+# What reading a grid file does with its `imports` (code): run them (the user consented), list
+# them without running any (a dry run), or refuse unless each was named with --import.
+RUN_IMPORTS, LIST_IMPORTS, REFUSE_IMPORTS = "run", "list", "refuse"
+
+
+def _grid_imports(source: str, imports: list[str], base: Path, policy: str) -> None:
+    """Name every import with its sha256 (and what its source registers) on stderr before any
+    runs; run them only with the user's consent: `policy` RUN_IMPORTS (--trust-imports), or
+    every one already imported from the command line (--import)."""
+    from ablate import plugins
+
+    described = plugins.describe(imports, base)
+    consented = policy == RUN_IMPORTS or all(d["imported"] for d in described)
+    for d in described:
+        registers = f"; registers {', '.join(d['registers'])}" if d["registers"] else ""
+        state = "" if consented else ", not run"
+        print(f"{source}: imports {d['file'] or d['name']} ({d['sha256'] or 'no file found'}{registers}{state})",
+              file=sys.stderr)
+    if consented:
+        plugins.load(imports, base=base)
+    elif policy == REFUSE_IMPORTS:
+        named = " ".join(f"--import {d['file'] or d['name']}" for d in described)
+        raise _fail(source, "imports", "a grid file's imports are code and run only with your consent; valid: "
+                                       f"--trust-imports, or {named}")
+
+
+def read_grid_file(path: Path, imports_policy: str = REFUSE_IMPORTS) -> dict[str, Any]:
     source = str(path)
     try:
         data = tomllib.loads(Path(path).read_text())
@@ -255,11 +282,9 @@ def read_grid_file(path: Path) -> dict[str, Any]:
     imports = data.get("imports", [])
     if not isinstance(imports, list) or not all(isinstance(i, str) for i in imports):
         raise _fail(source, "imports", f"{imports!r} is not a list of strings; valid: imports = [\"my_blocks.py\"]")
-    from ablate import plugins
-
     # Before any value is checked: the grid may name what its plugins register. Files are
     # relative to the grid file, so the grid runs from any folder.
-    plugins.load(imports, base=Path(path).resolve().parent)
+    _grid_imports(source, imports, Path(path).resolve().parent, imports_policy)
     if not set(data) - {"name", "description", "imports"}:  # an empty file would train one default cell
         raise _fail(source, "", "defines no cells (no [base], [axes] or [[include]]); valid: a grid file as in "
                                 "`ablate grid --help` or README.md, e.g. [axes] norm = [\"pre\", \"post\"]")
@@ -395,11 +420,13 @@ def parse_overrides(items: list[str] | Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_grid(grid: str | Path, scale: str = DEFAULT_SCALE, overrides: Mapping[str, Any] | None = None) -> Grid:
+def load_grid(grid: str | Path, scale: str = DEFAULT_SCALE, overrides: Mapping[str, Any] | None = None,
+              imports_policy: str = REFUSE_IMPORTS) -> Grid:
     """Read, validate and expand a grid file (or shipped grid name) at `scale`. `overrides`
-    (already typed, see parse_overrides) replace the value of their keys in every cell."""
+    (already typed, see parse_overrides) replace the value of their keys in every cell.
+    `imports_policy`: what to do with the file's imports (see _grid_imports)."""
     path = find_grid(str(grid)) if not isinstance(grid, Path) else grid
-    raw = read_grid_file(path)
+    raw = read_grid_file(path, imports_policy)
     source = raw["source"]
     parts = _apply_scale(raw, scale)
     base, axes, include, exclude = parts["base"], parts["axes"], parts["include"], parts["exclude"]

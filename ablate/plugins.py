@@ -16,8 +16,10 @@ exactly which code defined it.
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
+import importlib.machinery
 import importlib.metadata
 import importlib.util
 import sys
@@ -59,6 +61,9 @@ def _import_file(path: str):
     if module_name in sys.modules:
         return sys.modules[module_name]
     spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None:  # Python imports a file by its suffix: `m.txt` has no loader
+        raise ConfigError(f"plugin {path!r} is not a Python file; valid: a file whose name ends in .py, or an "
+                          "importable module name")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     try:
@@ -89,6 +94,48 @@ def load(names, base: str | Path | None = None) -> list[str]:
             _LOADED[name] = {"name": name, "module": module.__name__, "file": path, "sha256": _sha256(path),
                              "source": "import"}
         out.append(name)
+    return out
+
+
+def _module_file(name: str) -> str | None:
+    """The file a module name would import, found without running any of its code (not
+    importlib.util.find_spec, which imports a dotted name's parent packages)."""
+    if name in sys.modules:
+        return getattr(sys.modules[name], "__file__", None)
+    spec, path = None, None
+    for part in name.split("."):
+        spec = importlib.machinery.PathFinder.find_spec(part, path)
+        if spec is None:
+            return None
+        path = spec.submodule_search_locations
+    return spec.origin if spec is not None and spec.has_location else None
+
+
+def _registrations(path: str | None) -> list[str]:
+    """What a plugin file registers, read from its source without running it: every
+    `REGISTRY.register("name")` call with a literal name ("ACTIVATIONS 'mish'")."""
+    try:
+        tree = ast.parse(Path(path).read_bytes()) if path else None
+    except (OSError, SyntaxError, ValueError):
+        return []
+    found = []
+    for node in ast.walk(tree) if tree is not None else ():
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "register"
+                and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            found.append(f"{ast.unparse(node.func.value)} {node.args[0].value!r}")
+    return found
+
+
+def describe(names, base: str | Path | None = None) -> list[dict]:
+    """Each plugin as it would be loaded, without loading it: its canonical name, file, sha256,
+    what it registers (as far as its source says), and whether the user already imported it
+    (`--import`: their consent to run it)."""
+    out = []
+    for given in names or ():
+        name = canonical(given, base)
+        path = name if _is_file(name) else _module_file(name)
+        out.append({"name": name, "file": path, "sha256": _sha256(path), "registers": _registrations(path),
+                    "imported": name in requested()})
     return out
 
 

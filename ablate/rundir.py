@@ -11,12 +11,14 @@ import fcntl
 import json
 import math
 import os
-import secrets
 import stat
 import struct
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any
 
+# The safe writes live with analysis, which writes reports and exports the same way but never
+# imports the engine; the engine imports them from there.
+from ablate.analysis.safe_files import create_temporary, replace_atomic  # noqa: F401  (part of this module's API)
 from ablate.errors import ConfigError
 
 CONFIG, METRICS, SUMMARY, CHECKPOINT, LOCK = "config.json", "metrics.jsonl", "summary.json", "checkpoint.pt", ".lock"
@@ -40,43 +42,11 @@ def finite_or_none(value: Any) -> Any:
     return value
 
 
-def replace_atomic(path: Path, write: Callable[[BinaryIO], Any], fsync: bool = True) -> None:
-    """Call `write(f)` on a fresh temporary file next to `path` (opened binary, O_EXCL |
-    O_NOFOLLOW: never an existing file or a link), then rename it over `path`. A reader sees
-    the old file or the new one, never half of one; a failed or interrupted write (a full
-    disk) leaves `path` as it was and removes the temporary; a symlink at `path` is replaced,
-    its target left alone."""
-    path = Path(path)
-    fd, tmp = create_temporary(path)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            if fsync:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def write_json_atomic(path: Path, data: Any) -> None:
     """`data` as indented JSON, atomically (replace_atomic). JSON has no inf or NaN: such a
     value is refused (ValueError) before anything is written."""
     text = json.dumps(data, indent=2, allow_nan=False) + "\n"
     replace_atomic(path, lambda f: f.write(text.encode()))
-
-
-def create_temporary(path: Path) -> tuple[int, Path]:
-    """A new file next to `path`, opened for writing. Not tempfile.mkstemp: that creates mode
-    0600, and results on a shared machine must be readable by others like any other file
-    (0666 less the umask, which the kernel applies to this open)."""
-    while True:
-        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
-        try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666), tmp
-        except FileExistsError:  # a name another writer drew: draw again
-            continue
 
 
 def remove_stale_temporaries(run_dir: Path) -> None:

@@ -196,6 +196,24 @@ def _refuse_another_run(run_dir: Path, old: dict, new: dict) -> None:
         now = ", ".join(f"{k}={_shown(new, k)}" for k in differ)
         raise ConfigError(f"{run_dir} holds a run with a different training config ({was}), but this command "
                           f"asks for {now}; valid: the run's own options, another --out, or remove that folder")
+    _refuse_changed_plugins(run_dir, old, new)
+
+
+def _refuse_changed_plugins(run_dir: Path, old: dict, new: dict) -> None:
+    """A plugin defines values the run trained with: the same plugin with other code is another
+    run, refused like any other setting that differs (resuming would mix two codes in one run)."""
+    def by_name(config: dict) -> dict:
+        records = config.get("plugins")
+        return {(r.get("source"), r.get("name")): r for r in records if isinstance(r, dict)} \
+            if isinstance(records, list) else {}
+
+    now = by_name(new)
+    for key, was in by_name(old).items():
+        if key in now and was.get("sha256") != now[key].get("sha256"):
+            where = was.get("file") or was.get("name")
+            raise ConfigError(f"{run_dir} was trained with plugin {where} at {was.get('sha256')}, but that plugin "
+                              f"is now {now[key].get('sha256')}; a changed plugin is a changed run; valid: the "
+                              "plugin as it was, another --out, or remove that folder")
 
 
 def _threads_for(cell, cfg: TrainConfig, old: dict | None, run_dir: Path) -> int:
@@ -281,6 +299,22 @@ def _keep_metrics_before(path: Path, step: int) -> list[float]:
     data = b"".join(line for line, _ in kept)
     replace_atomic(path, lambda f: f.write(data))
     return [loss for _, loss in kept[-FINAL_LOSS_WINDOW:] if loss is not None]
+
+
+def missing_logged_steps(path: Path, start: int, log_every: int) -> list[int]:
+    """The steps before `start` the schedule logged but metrics.jsonl has no row for: a line a
+    resume could not read and dropped. Derived from the file alone, so every later resume and
+    the summary find the same gap."""
+    expected = set(range(0, start, log_every))
+    if not expected or not path.exists():
+        return sorted(expected)
+    with open(path, "rb") as f:
+        for raw in f:
+            try:
+                expected.discard(json.loads(raw).get("step"))
+            except (ValueError, AttributeError, TypeError):  # rows kept by a resume are valid; be safe
+                continue
+    return sorted(expected)
 
 
 def _save_checkpoint(path: Path, model, opt, step: int, state: dict) -> None:
@@ -402,6 +436,11 @@ def _train(cell, run_dir: Path, plan: RunPlan, old: dict | None, execution: tupl
     # final_loss is the mean loss of the last FINAL_LOSS_WINDOW *logged* steps (runs/README.md),
     # the same rows `ablate report` reads, so a resume carries over the ones logged before it.
     recent = _keep_metrics_before(run_dir / METRICS, start)
+    missing = missing_logged_steps(run_dir / METRICS, start, cfg.log_every) if start else []
+    if missing:
+        print(f"ablate: {run_dir / METRICS}: no row for step{'s' if len(missing) > 1 else ''} "
+              f"{', '.join(map(str, missing[:10]))}{' ...' if len(missing) > 10 else ''} (an unreadable line dropped "
+              "on resume); summary.json names them", file=sys.stderr)
 
     probes = Probes(model, compiled=cfg.compile, autocast=(device.type, amp)) if cfg.probes else None
     model.record_act_norms = cfg.probes
@@ -478,6 +517,7 @@ def _train(cell, run_dir: Path, plan: RunPlan, old: dict | None, execution: tupl
         "steps": step + 1,
         "wall_time_s": elapsed,
         "error": None,
+        **({"missing_steps": missing} if missing else {}),  # logged steps whose rows were lost
     }
     write_json_atomic(run_dir / SUMMARY, summary)
     ckpt_path.unlink(missing_ok=True)  # a finished run is never resumed

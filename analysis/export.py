@@ -22,6 +22,7 @@ W&B: see export_wandb (a changed cell is written again whole; `wandb sync` canno
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import json
@@ -30,11 +31,13 @@ import os
 import re
 import shutil
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from ablate.analysis.load import SUMMARY, VARIANT_AXES, RunFiles, read_run_files, scan_runs, setting_keys
+from ablate.analysis.load import METRICS, SUMMARY, VARIANT_AXES, RunFiles, read_run_files, scan_runs, setting_keys
+from ablate.analysis.safe_files import create_temporary, replace_atomic
 
 SUMMARY_FIELDS = ("final_loss", "final_val_loss", "diverged_at_step", "steps", "wall_time_s")
 # What the hyper-parameter table shows beside the axes (the last value of each in a run).
@@ -75,12 +78,44 @@ def read_cells(root: str | Path, out: Path) -> tuple[Iterator[RunFiles], list[st
         if resolved == cell_dir.resolve() or cell_dir.resolve() in resolved.parents:
             raise ExportError(f"--out {out} is inside the run directory {cell_dir}; valid: a folder outside "
                               "every run directory (nothing is ever written into one)")
-    cells = (files for d in scan.cell_dirs if (files := read_run_files(d, scan.skipped)) is not None)
+    cells = (_steps_in_range(files, scan.skipped) for d in scan.cell_dirs
+             if (files := read_run_files(d, scan.skipped)) is not None)
     return cells, scan.skipped
 
 
+# Both dashboards store a step as a signed 64-bit integer.
+STEP_RANGE = range(-(2**63), 2**63)
+
+
+def _steps_in_range(files: RunFiles, skipped: list[str]) -> RunFiles:
+    """Leave out (with a warning naming it) a row whose step no dashboard can hold."""
+    bad = [row["step"] for row in files.rows if row["step"] not in STEP_RANGE]
+    if bad:
+        files.rows = [row for row in files.rows if row["step"] in STEP_RANGE]
+        message = (f"{files.cell_id}: skipped {len(bad)} row(s) of {METRICS} whose step ({bad[0]}) is outside "
+                   "a 64-bit integer")
+        warnings.warn(message, stacklevel=2)
+        skipped.append(message)
+    return files
+
+
+def path_component(text: str) -> str:
+    """A name read from a run folder (data) as one safe path component: no separator, no NUL,
+    never "", "." or "..", so that joining it to --out can neither climb out nor restart at /."""
+    text = re.sub(r"[/\\\x00]", "_", text)
+    return text if text.strip(".") else text.replace(".", "_") or "_"
+
+
 def run_name(files: RunFiles) -> str:
-    return f"{files.group}/seed={files.config.get('seed')}"
+    return f"{path_component(files.group)}/seed={path_component(str(files.config.get('seed')))}"
+
+
+def inside(out: Path, name: str) -> Path:
+    """`out / name`, refused (ExportError) should it resolve anywhere but below `out`."""
+    path = out / name
+    if out.resolve() not in path.resolve().parents:
+        raise ExportError(f"run name {name!r} would be written outside --out {out}")
+    return path
 
 
 def new_rows(files: RunFiles, after_step: int) -> list[dict[str, Any]]:
@@ -99,7 +134,7 @@ def scalars(row: dict[str, Any]) -> dict[str, float]:
         if value is None:
             out[key] = math.nan
         elif isinstance(value, (bool, int, float)):
-            out[key] = float(value)
+            out[key] = float(value) if not isinstance(value, int) or abs(value) < 2**1023 else math.nan
     return out
 
 
@@ -187,7 +222,7 @@ def export_tensorboard(root: str | Path, out: str | Path) -> Exported:
         name = run_name(files)
         all_hparams[name] = values = hparams(files)
         families |= layer_families(files.rows)
-        run_dir = out / name
+        run_dir = inside(out, name)
         state = TensorBoardRun.read(run_dir)
         # Steps are placed in time from when the run began (config.json is written first).
         began = (files.path / "config.json").stat().st_mtime
@@ -225,9 +260,9 @@ def _write_event_file(run_dir: Path, seq: int, tokens: list[str], events: list, 
 
     run_dir.mkdir(parents=True, exist_ok=True)
     final = run_dir / ".".join([f"events.out.tfevents.{seq:06d}.ablate", *tokens])
-    tmp = run_dir / f".part-{seq:06d}.tmp"
+    fd, tmp = create_temporary(run_dir / f"part-{seq:06d}")  # a fresh file, never a planted link
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
             writer = RecordWriter(f)
             header = event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")
             for event in [header, *events]:
@@ -320,12 +355,14 @@ def export_wandb(root: str | Path, out: str | Path, project: str | None = None) 
     result = Exported(out, skipped=skipped)
     state_dir = out / "wandb" / WANDB_STATE
     states = []
-    try:
-        for files in cells:
-            states.append(_export_wandb_cell(wandb, files, out, project, state_dir, result))
-    finally:
-        if any(states):
-            wandb.teardown()  # wait for wandb's service to write every record to disk
+    (out / "wandb").mkdir(parents=True, exist_ok=True)  # an unwritable --out fails here, not in /tmp/wandb
+    with _wandb_dirs_inside(out / "wandb"):
+        try:
+            for files in cells:
+                states.append(_export_wandb_cell(wandb, files, out, project, state_dir, result))
+        finally:
+            if any(states):
+                wandb.teardown()  # wait for wandb's service to write every record to disk
     # Only once the new folders are complete on disk: remember them and drop the ones they
     # replace (a crash before this leaves both, and the next export writes the cell again).
     for state_path, state in filter(None, states):
@@ -333,10 +370,35 @@ def export_wandb(root: str | Path, out: str | Path, project: str | None = None) 
             if old.name != state["folder"]:
                 shutil.rmtree(old)
         state_dir.mkdir(parents=True, exist_ok=True)
-        tmp = state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state))
-        os.replace(tmp, state_path)
+        text = json.dumps(state)
+        replace_atomic(state_path, lambda f: f.write(text.encode()))
     return result
+
+
+# Where wandb writes besides its runs (settings, caches, its service's debug log, artifacts,
+# temporaries): by default under HOME and /tmp; an export writes inside --out only.
+WANDB_DIRS = {"WANDB_DIR": "", "WANDB_CONFIG_DIR": ".config", "WANDB_CACHE_DIR": ".cache",
+              "WANDB_DATA_DIR": ".data", "WANDB_ARTIFACT_DIR": ".artifacts", "TMPDIR": ".tmp",
+              "XDG_CACHE_HOME": ".cache", "XDG_CONFIG_HOME": ".config"}
+
+
+@contextlib.contextmanager
+def _wandb_dirs_inside(folder: Path):
+    """Point every directory wandb (and the service it starts) writes in below `folder`, and
+    put the environment back afterwards."""
+    saved = {k: os.environ.get(k) for k in WANDB_DIRS}
+    try:
+        for key, sub in WANDB_DIRS.items():
+            path = folder / sub if sub else folder.parent
+            path.mkdir(parents=True, exist_ok=True)
+            os.environ[key] = str(path.resolve())
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _export_wandb_cell(wandb, files: RunFiles, out: Path, project: str | None, state_dir: Path,

@@ -310,6 +310,7 @@ def _cell_frames(files: RunFiles) -> tuple[dict[str, Any], pd.DataFrame]:
         "steps_trained": summary.get("steps"),
         "wall_time_s": summary.get("wall_time_s"),
         "error": summary.get("error"),
+        "missing_steps": summary.get("missing_steps"),  # logged steps whose rows a resume lost
         "grid": config.get("grid"),
         "data_fingerprint": data.get("fingerprint"),
         "unigram_entropy": data.get("unigram_entropy"),

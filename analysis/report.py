@@ -9,6 +9,9 @@ Everything is computed (and bad input refused) before anything is written.
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Callable, Iterable, Union
 
@@ -22,6 +25,7 @@ from ablate.analysis.lr_sensitivity import sweep_table
 from ablate.analysis.metrics import MAD_TO_STD
 from ablate.analysis.outcomes import PLATEAU_MARGIN, SCORING_RULE
 from ablate.analysis.stats import CONTROLS, CORRECTION_SHORT, CORRECTIONS, divergence_sentence, format_p
+from ablate.analysis.safe_files import replace_atomic
 
 REPORT, SUMMARY_CSV, CELLS_CSV, PLOTS_DIR = "report.md", "summary.csv", "cells.csv", "plots"
 LR_CSV = "lr_sensitivity.csv"  # written when the runs sweep lr over enough values
@@ -39,18 +43,39 @@ def write_report(path: str | Path, baseline: str | None = None, preamble_section
     root = Path(path)
     preamble = [_render_section(s, analysis) for s in preamble_sections]  # may fail: before writing
 
-    analysis.summary.to_csv(root / SUMMARY_CSV, index=False)
-    analysis.metrics.drop(columns=["path"], errors="ignore").to_csv(root / CELLS_CSV, index=False)
+    # Every output is written to a fresh file and renamed into place: a link planted at an
+    # output's name is replaced, never written through (ablate.rundir.replace_atomic).
+    _write_text(root / SUMMARY_CSV, analysis.summary.to_csv(index=False))
+    _write_text(root / CELLS_CSV, analysis.metrics.drop(columns=["path"], errors="ignore").to_csv(index=False))
     if analysis.lr_sweeps:
-        sweep_table(analysis.lr_sweeps).to_csv(root / LR_CSV, index=False)
-    written = make_plots(analysis, root / PLOTS_DIR, dpi)
+        _write_text(root / LR_CSV, sweep_table(analysis.lr_sweeps).to_csv(index=False))
+    fresh = Path(tempfile.mkdtemp(prefix=".plots-", dir=root))  # a new folder: nothing planted in it
     try:
-        text = render(analysis, preamble, written)
+        written = make_plots(analysis, fresh, dpi)
+        try:
+            text = render(analysis, preamble, written)
+        finally:
+            plots.close(written)
+        _move_plots(fresh, root / PLOTS_DIR)
     finally:
-        plots.close(written)
+        shutil.rmtree(fresh, ignore_errors=True)
     out = root / REPORT
-    out.write_text(text)
+    _write_text(out, text)
     return out
+
+
+def _write_text(path: Path, text: str) -> None:
+    replace_atomic(path, lambda f: f.write(text.encode()), fsync=False)
+
+
+def _move_plots(fresh: Path, plots_dir: Path) -> None:
+    """Rename the plots made in `fresh` into `plots_dir` (a rename replaces a link at a
+    plot's name, never its target); a `plots_dir` that is a link is replaced by a folder."""
+    if plots_dir.is_symlink():
+        plots_dir.unlink()
+    plots_dir.mkdir(exist_ok=True)
+    for path in sorted(fresh.iterdir()):
+        os.replace(path, plots_dir / path.name)
 
 
 def make_plots(analysis: Analysis, out_dir: Path, dpi: int = 120) -> list[plots.Plot]:
@@ -341,6 +366,11 @@ def _cells(analysis: Analysis) -> str:
             note = ""
         if c.status == "completed" and _true(getattr(c, "plateau", False)):
             note = "plateau: final val loss near the unigram entropy"
+        missing = getattr(c, "missing_steps", None)
+        if isinstance(missing, list) and missing:
+            gap = (f"no metrics row for step{'s' if len(missing) > 1 else ''} "
+                   f"{', '.join(map(str, missing[:10]))}{' ...' if len(missing) > 10 else ''} (lost on a resume)")
+            note = f"{note}; {gap}" if note else gap
         rows.append([f"`{c.cell_id}`", c.status, getattr(c, "outcome", ""), progress, fmt(c.final_val_loss),
                      fmt(c.final_loss), fmt(c.spikes, 0), fmt(c.max_grad_norm, OTHER_DIGITS), note])
     text = "## Cells\n\n" + _table(["cell", "status", "outcome", "steps logged / planned", "final val loss",

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from live_files import complete_lines, complete_rows
 
 # Tiny, fast cells: a 2-block model, short sequences, few eval batches, one torch thread (so a
 # cell's bits do not depend on where it runs).
@@ -38,8 +39,7 @@ def write_grid(folder: Path, axes: str, *, steps: int, name: str, batch_size: in
 
 
 def metrics(run_dir: Path) -> list[dict]:
-    with open(run_dir / "metrics.jsonl") as f:
-        return [json.loads(line) for line in f]
+    return complete_rows(run_dir / "metrics.jsonl")  # a line still being written is not read
 
 
 def without_timing(rows: list[dict]) -> list[dict]:
@@ -48,7 +48,7 @@ def without_timing(rows: list[dict]) -> list[dict]:
 
 def logged_steps(run_dir: Path) -> int:
     path = run_dir / "metrics.jsonl"
-    return sum(1 for _ in open(path)) if path.exists() else 0
+    return len(complete_lines(path)) if path.exists() else 0  # polled while a cell trains
 
 
 def assert_complete(grid, out: Path, steps: int) -> None:

@@ -366,7 +366,8 @@ def test_a_plugin_file_registers_values_that_train_in_a_two_worker_grid(tmp_path
         [axes]
         act = ["mish_test", "gelu"]
     """))
-    result = run_cli("grid", grid, "--out", tmp_path / "out", "--workers", 2, "--quiet", cwd=tmp_path / "lab")
+    result = run_cli("grid", grid, "--trust-imports", "--out", tmp_path / "out", "--workers", 2, "--quiet",
+                     cwd=tmp_path / "lab")
     assert result.returncode == 0, result.stderr
     import hashlib
 

@@ -10,6 +10,7 @@ import textwrap
 import time
 
 import pytest
+from live_files import complete_rows
 
 from ablate.cli import main
 from ablate.grids import load_grid
@@ -40,8 +41,8 @@ def write_grid(tmp_path, axes, steps=4, name="g", extra=""):
 
 
 def metrics_steps(run_dir):
-    with open(run_dir / "metrics.jsonl") as f:
-        return [json.loads(line)["step"] for line in f]
+    # Polled while a grid runs: its last line may be half-written.
+    return [row["step"] for row in complete_rows(run_dir / "metrics.jsonl")]
 
 
 def summary(run_dir):

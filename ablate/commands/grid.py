@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tomllib
 from pathlib import Path
 
 from ablate.backends import BACKENDS
@@ -24,6 +25,9 @@ def add_arguments(p) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the cells and total steps; train and write nothing")
     p.add_argument("--out", type=Path, help="output folder (default runs/<grid name>, runs/<name>-<scale> for other scales)")
     p.add_argument("--scale", default="cpu", help="the grid file's scale: cpu (default) or one of its [scales.*], e.g. gpu")
+    p.add_argument("--trust-imports", action="store_true",
+                   help="run the grid file's `imports` (code: without this, or each named with --import, they "
+                        "are listed with their sha256 and refused; --dry-run lists them without running them)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override an option in every cell, e.g. --set steps=5 (repeatable)")
     p.add_argument("--kernels", metavar="K", help="kernel backend for every cell: reference, triton, cuda or auto")
@@ -100,11 +104,33 @@ def dry_run(grid, out: Path) -> int:
     return 0
 
 
+def _load(args, overrides):
+    """The grid, its imports run only with the user's consent; a dry run without it runs none."""
+    from ablate.grids import LIST_IMPORTS, REFUSE_IMPORTS, RUN_IMPORTS, load_grid
+    from ablate.variants import VariantError
+
+    if args.trust_imports or not args.dry_run:
+        return load_grid(args.grid, args.scale, overrides, RUN_IMPORTS if args.trust_imports else REFUSE_IMPORTS)
+    try:
+        return load_grid(args.grid, args.scale, overrides, LIST_IMPORTS)
+    except (ConfigError, VariantError) as e:
+        if not _has_imports(args.grid):
+            raise
+        raise ConfigError(f"{e}; the grid file's imports were not run (--trust-imports runs them)") from None
+
+
+def _has_imports(grid: str) -> bool:
+    try:
+        return bool(tomllib.loads(Path(grid).read_text()).get("imports"))
+    except (OSError, ValueError):  # a shipped grid's name, or a file the error was about
+        return False
+
+
 def run(args) -> int:
     if args.list:
         return list_grids()
     from ablate.grid_runner import ExecutionOptions, check_grid, default_out, run_grid
-    from ablate.grids import load_grid, parse_overrides, shipped_grids
+    from ablate.grids import parse_overrides, shipped_grids
 
     if not args.grid:
         raise ConfigError(f"missing GRID; valid: a grid file (TOML) or a shipped grid ({', '.join(shipped_grids())})")
@@ -116,7 +142,7 @@ def run(args) -> int:
         if args.kernels not in CHOICES:
             raise ConfigError(f"--kernels {args.kernels!r} is not a kernel backend; valid: {', '.join(CHOICES)}")
         overrides.update(parse_overrides([f"kernels={args.kernels}"]))
-    grid = load_grid(args.grid, args.scale, overrides)
+    grid = _load(args, overrides)
     out = args.out or default_out(grid)
     if args.dry_run:
         check_grid(grid, out)

@@ -57,6 +57,11 @@ def run(args) -> int:
             analysis = analyse(args.dir, args.baseline, settings)
         except RunsError as e:
             raise ConfigError(str(e)) from None
+        skipped = analysis.runs.skipped
+        if analysis.metrics.empty and skipped:  # cells exist, none readable: not "no cells started"
+            more = f" and {len(skipped) - 1} more" if len(skipped) > 1 else ""
+            raise ConfigError(f"{args.dir}: no cell can be read ({skipped[0]}{more}); valid: a grid folder or run "
+                              "directory with a readable cell (remove or rerun the damaged one)")
         path = write_report(args.dir, analysis=analysis, settings=settings)
     for w in caught:  # e.g. a metrics line cut by a crash: one line each, not a traceback
         if issubclass(w.category, UserWarning):

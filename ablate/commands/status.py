@@ -9,8 +9,10 @@ and rate come from the last few kilobytes of its metrics.jsonl, never the whole 
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -50,9 +52,21 @@ class CellState:
         return max(self.planned_steps - (self.step + 1 if self.step is not None else 0), 0)
 
 
+def open_regular(path: Path):
+    """`path` opened for reading in binary if it is a regular file; OSError otherwise. A FIFO
+    would block the reader until someone writes it (O_NONBLOCK opens it at once, and fstat
+    says what it is); a device or a folder is no run file either."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
 def _read_object(path: Path) -> dict | None:
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             data = json.load(f)
     except (OSError, ValueError):
         return None
@@ -68,7 +82,7 @@ def tail_rows(path: Path, size: int = TAIL_BYTES) -> list[dict]:
     """The complete, valid metrics rows in the last `size` bytes of `path` (more if that
     holds fewer than two rows), oldest first."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             end = f.seek(0, os.SEEK_END)
             while True:
                 start = max(end - size, 0)
