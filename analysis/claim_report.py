@@ -9,6 +9,7 @@ from pathlib import Path
 from ablate.analysis.claim_measures import MEASURES
 from ablate.analysis.claims import NON_INFERIORITY, Claim
 from ablate.analysis.outcomes import SCORING_RULE
+from ablate.analysis.safe_files import replace_atomic
 from ablate.analysis.verdict import (CANNOT_TELL, CORRECTION, ClauseResult, Result, Verdict, evaluate,
                                      outcome_counts)
 
@@ -203,8 +204,8 @@ def write_claim_report(claim: Claim, out: Path, full: bool = True) -> tuple[Path
         path = write_report(out, preamble_sections=[section], analysis=analysis)
     else:
         path = out / "report.md"
-        path.write_text(f"# Claim: {claim.name}\n\n{section}\n")
-    (out / VERDICT_JSON).write_text(json.dumps(as_dict(verdict), indent=2, default=str) + "\n")
+        _write(path, f"# Claim: {claim.name}\n\n{section}\n")
+    _write(out / VERDICT_JSON, json.dumps(as_dict(verdict), indent=2, default=str) + "\n")
     return path, verdict
 
 
@@ -223,5 +224,10 @@ def write_index(entries: list[tuple[Claim, Path, Verdict | None]], path: Path) -
                     lines += ["", f"![{claim.name}: {caption}]({plots}/claim_{claim.name}{suffix}.png)"]
         lines.append("")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines))
+    _write(path, "\n".join(lines))
     return path
+
+
+def _write(path: Path, text: str) -> None:
+    # A fresh file renamed into place: a planted link at the name is replaced, never written through.
+    replace_atomic(path, lambda f: f.write(text.encode()), fsync=False)

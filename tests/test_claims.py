@@ -565,3 +565,21 @@ def test_reproduce_refuses_a_claim_its_grid_cannot_feed_before_writing(tmp_path,
     err = capsys.readouterr().err
     assert "'basin_width' cannot vary on this grid" in err and "Traceback" not in err
     assert not (tmp_path / "x").exists()
+
+
+def test_verdict_and_index_replace_a_planted_link_instead_of_writing_through_it(tmp_path):
+    from ablate.analysis.claim_report import VERDICT_JSON, write_claim_report, write_index
+
+    claim = claim_with([entry("final_val_loss")])
+    for s in range(3):
+        _loss_cell(tmp_path / "g", POST, s, 2.8 + 0.01 * s)
+        _loss_cell(tmp_path / "g", PRE, s, 2.5)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    for name in (VERDICT_JSON, "report.md"):
+        (tmp_path / "g" / name).symlink_to(victim)
+    (tmp_path / "index.md").symlink_to(victim)
+    _, verdict = write_claim_report(claim, tmp_path / "g", full=False)
+    write_index([(claim, tmp_path / "g", verdict)], tmp_path / "index.md")
+    assert victim.read_text() == "keep"
+    assert not (tmp_path / "g" / VERDICT_JSON).is_symlink() and not (tmp_path / "index.md").is_symlink()
