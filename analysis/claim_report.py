@@ -45,7 +45,7 @@ def figure(r: Result) -> str:
     if MEASURES[r.compare.measure].test == "binary" and t.p_value is None:
         return f"{t.detail}: no discordant pair, no test"
     if MEASURES[r.compare.measure].test == "binary":
-        what = ("share of discordant pairs where a alone failed" if r.compare.b is not None
+        what = (f"share of discordant pairs where a alone {r.unit.split()[-1]}" if r.compare.b is not None
                 else f"rate (against {r.compare.than:g})")
         return f"{t.detail}; {what} {t.estimate:.2f} {ci} ({level} Clopper-Pearson); {t.name} p = {_p(t.p_value)}"
     kind = f"{level} t interval" + (", its upper end the one-sided bound" if r.compare.expect in NON_INFERIORITY
@@ -63,7 +63,8 @@ def _excluded(r: Result) -> str:
     if kind == "binary" and t.detail:
         parts.append(f"failed {t.detail}" if r.compare.measure == "failed" else t.detail)
     if t.interval is not None and kind == "binary":
-        what = "the share of discordant pairs where a alone failed" if r.compare.b is not None else "a's rate"
+        what = (f"the share of discordant pairs where a alone {r.unit.split()[-1]}" if r.compare.b is not None
+                else "a's rate")
         parts.append(f"the data exclude {what} outside [{t.interval.low:.2f}, {t.interval.high:.2f}]")
     if r.seeds_needed is not None:
         parts.append(f"about {r.seeds_needed} seeds would resolve the smallest effect of interest "

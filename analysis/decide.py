@@ -57,14 +57,14 @@ def _side(estimate: float, null: float, higher: bool) -> str | None:
     return RIGHT if (estimate > null) == higher else WRONG
 
 
-def paired_t(d: np.ndarray, higher: bool, alpha: float) -> Test | None:
+def paired_t(d: np.ndarray, higher: bool, alpha: float, name: str = "paired t-test") -> Test | None:
     """Two-sided t-test of mean(d) = 0 with its 1 - alpha t interval; None without a spread."""
     if d.size < 2 or not _varies(d):
         return None
     result = scipy_stats.ttest_1samp(d, 0.0)
     ci = result.confidence_interval(1 - alpha)
     estimate = float(d.mean())
-    return Test("paired t-test", estimate, Interval(float(ci.low), float(ci.high), 1 - alpha), float(result.pvalue),
+    return Test(name, estimate, Interval(float(ci.low), float(ci.high), 1 - alpha), float(result.pvalue),
                 _side(estimate, 0.0, higher), 0.0)
 
 

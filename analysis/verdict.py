@@ -219,7 +219,7 @@ def _test(m: Measure, c: Compare, va: np.ndarray, vb: np.ndarray, alpha: float) 
                                                                                                    alpha)
     if c.expect in NON_INFERIORITY:
         return decide.not_worse(va - vb, c.margin, c.expect == "not_higher", alpha)
-    return decide.paired_t(va - vb, c.higher, alpha)
+    return decide.paired_t(va - vb, c.higher, alpha, "paired t-test" if c.b is not None else "one-sample t-test")
 
 
 def _seeds_needed(m: Measure, c: Compare, d: np.ndarray, alpha: float, units_per_seed: float) -> int | None:
