@@ -404,7 +404,8 @@ def plot_final_loss(metrics: pd.DataFrame, group_table: pd.DataFrame, out_dir: P
                        label="one seed", zorder=2)
             mean, low, high = row[f"{value}_mean"], row[f"{value}_ci_low"], row[f"{value}_ci_high"]
             has_ci = np.isfinite(low)
-            xerr = [[mean - low], [high - mean]] if has_ci else None
+            # Identical seeds give an interval of width 0, which rounding can make a hair negative.
+            xerr = [[max(mean - low, 0.0)], [max(high - mean, 0.0)]] if has_ci else None
             ax.errorbar([mean], [y], xerr=xerr, fmt="o", color=colour, capsize=4, ms=6, zorder=3,
                         label="mean, 95% CI")
             if not has_ci:
