@@ -24,12 +24,15 @@ NOT_SELF_NAMING = ("none", "true", "false")
 AXIS_NAMES = {"planned_steps": "steps", "n_layer": "layers"}
 
 
-def short_labels(cells: pd.DataFrame, axes: Iterable[str], by: str = "group") -> dict:
+def short_labels(cells: pd.DataFrame, axes: Iterable[str], by: str = "group", constant: bool = False) -> dict:
     """{value of `by`: label} for the rows of `cells`, naming each by those of `axes` that take
     more than one value across `cells` (seed never: seeds are averaged or drawn alike). A
     variant axis's value stands alone when it names itself (`post`, `swiglu`), any other as
-    `axis value` (`lr 1e-2`, `residual false`). With no axis varying, the label is "all cells"."""
-    varying = [a for a in dict.fromkeys(axes) if a in cells and a != "seed" and cells[a].nunique(dropna=False) > 1]
+    `axis value` (`lr 1e-2`, `residual false`). With no axis varying, the label is "all cells".
+    `constant`: name every one of `axes`, varying or not (a panel's title names its facet value
+    even when one panel is drawn)."""
+    varying = [a for a in dict.fromkeys(axes) if a in cells and a != "seed"
+               and (constant or cells[a].nunique(dropna=False) > 1)]
     formats = {a: _formatter(cells[a]) for a in varying}
     clashes = _shared_values(cells, [a for a in varying if a in VARIANT_AXES])
     labels = {}

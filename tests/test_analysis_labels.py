@@ -54,3 +54,9 @@ def test_labels_by_another_column():
     assert short_labels(cells, ["norm"], by="variant_id") == {PRE: "pre", POST: "post"}
     with pytest.raises(KeyError):
         short_labels(cells, ["norm"], by="no_such_column")
+
+
+def test_constant_axes_are_named_when_asked():
+    cells = grid(norm=["pre", "post"], lr=[1e-2])
+    assert set(short_labels(cells, ["lr"], constant=True).values()) == {"lr 1e-2"}
+    assert set(short_labels(cells, ["lr"]).values()) == {"all cells"}
