@@ -32,8 +32,8 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from ablate.analysis.claim_measures import GRAD_FLOOR  # noqa: E402  (a 0 gradient is drawn there)
 from ablate.analysis.labels import label_of, short_labels  # noqa: E402
 from ablate.analysis.load import DONE, layer_columns  # noqa: E402
-from ablate.analysis.plots import (DIVERGED_COLOUR, ENTROPY_COLOUR, Layout, _finish, _styled, log_y,  # noqa: E402
-                                   panel_figure, panel_title, save_figure)
+from ablate.analysis.plots import (DIVERGED_COLOUR, ENTROPY_COLOUR, FAST_DRAWING, Layout, _finish, _styled,  # noqa: E402
+                                   log_y, panel_figure, panel_title, save_figure)
 from ablate.analysis.selection import select  # noqa: E402
 
 COMPLETED, DIVERGED = DONE  # summary.json's words, as analysis/load.py declares them
@@ -81,25 +81,38 @@ def write_claim_plot(claim, ctx, out_dir: Path, dpi: int = 110) -> list[Path]:
                   claim.statement, dpi)
 
 
-@_styled
 def _write(claim, ctx, kind: str | None, params: dict, stem: Path, statement: str | None, dpi: int) -> list[Path]:
-    if not kind:
+    title = f"{claim.name}: {statement}" if statement else f"{claim.name}, why"
+    drawn = claim_figure(ctx, kind, params, title)
+    if drawn is None:
         return []
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with plt.rc_context(FAST_DRAWING):
+            return [save_figure(drawn.figure, stem.with_suffix(".png"), dpi),
+                    save_figure(drawn.figure, stem.with_suffix(".svg"))]
+    finally:
+        plt.close(drawn.figure)
+
+
+@_styled
+def claim_figure(ctx, kind: str | None, params: dict, title: str) -> ClaimFigure | None:
+    """Kind `kind` drawn on the cells params["at"] selects, with its title and legend placed;
+    `title` goes first, then (after ": ", when it ends in "why") what the kind shows. None when
+    there is no kind or the runs lack its data. The caller closes the figure."""
+    if not kind:
+        return None
     metrics = ctx.metrics
     if params.get("at"):
         metrics = metrics[select(metrics, params["at"])]
     if metrics.empty or params.get("split") not in metrics:
-        return []
+        return None
     drawn = PLOTS[kind](ctx, metrics, params)
     if drawn is None:
-        return []
-    title = f"{claim.name}: {statement}" if statement else f"{claim.name}, why: {drawn.title}"
-    _finish(drawn.figure, drawn.axes, title, drawn.layout)
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        return [save_figure(drawn.figure, stem.with_suffix(".png"), dpi), save_figure(drawn.figure, stem.with_suffix(".svg"))]
-    finally:
-        plt.close(drawn.figure)
+        return None
+    full = f"{title}: {drawn.title}" if title.endswith("why") else title
+    _finish(drawn.figure, drawn.axes, full, drawn.layout)
+    return drawn
 
 
 # ------------------------------------------------------------------------------- helpers
