@@ -247,7 +247,7 @@ def save_figure(fig: plt.Figure, path: Path, dpi: int | None = None) -> Path:
     try:
         with os.fdopen(fd, "wb") as f:
             # A light PNG compression: the default level takes seconds on a tall grid of panels.
-            extra = {"pil_kwargs": {"compress_level": 3}} if path.suffix == ".png" else {}
+            extra = {"pil_kwargs": {"compress_level": 1}} if path.suffix == ".png" else {}
             fig.savefig(f, format=path.suffix.lstrip("."), dpi=dpi, **extra)
         os.replace(tmp, path)
     except BaseException:
@@ -433,11 +433,20 @@ def _label(group_cells: pd.DataFrame, style: Style) -> str:
 
 def _bin_columns(wide: pd.DataFrame, max_columns: int) -> pd.DataFrame:
     """Average neighbouring steps into at most `max_columns` columns (a heatmap cell per
-    logged step is unreadable for long runs); each bin is labelled by its first step."""
+    logged step is unreadable for long runs); each bin is labelled by its first step. NaN is
+    left out of a bin's mean (a bin of NaN only stays NaN)."""
     if wide.shape[1] <= max_columns:
         return wide
-    bins = np.array_split(np.arange(wide.shape[1]), max_columns)
-    return pd.DataFrame({wide.columns[b[0]]: wide.iloc[:, b].mean(axis=1) for b in bins})
+    starts = np.array([b[0] for b in np.array_split(np.arange(wide.shape[1]), max_columns)])
+    values = wide.to_numpy(dtype=float)
+    finite = np.isfinite(values)
+    # One reduceat over the bins instead of a pandas mean per bin: a 200-step run's 100 bins
+    # x 14 groups took most of the heatmap's time.
+    sums = np.add.reduceat(np.where(finite, values, 0.0), starts, axis=1)
+    counts = np.add.reduceat(finite, starts, axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+    return pd.DataFrame(means, index=wide.index, columns=wide.columns[starts])
 
 
 @_styled

@@ -29,15 +29,16 @@ CLAIM_PARAMS = {  # each claim kind with the params a claim would give it
 
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory):
-    """pre/post x lr {1e-3, 1e-2, 3e-2} x warmup {0, 50} x 2 seeds, with init and steps in the
-    ids: `post.layernorm.gelu.dense.res__init=gpt2__lr=0.01__steps=8__warmup=50__seed=1`; post at
-    lr 3e-2 without warmup diverges in seed 1."""
+    """pre/post x lr {1e-3, 1e-2, 3e-2} x warmup {0, 50} x 2 seeds, with init, schedule and steps
+    in the ids: `post.layernorm.gelu.dense.res__init=gpt2__lr=0.01__schedule=constant__steps=8__
+    warmup=50__seed=1`; post at lr 3e-2 without warmup diverges in seed 1."""
     root = tmp_path_factory.mktemp("long_ids")
     for variant, lr, warmup, seed in itertools.product((PRE, POST), (1e-3, 1e-2, 3e-2), (0, 50), (0, 1)):
         losses = [5.0 - 0.2 * i - 10 * lr + 0.02 * seed for i in range(8)]
         if variant == POST and lr == 3e-2 and warmup == 0 and seed == 1:
             losses[5:] = [float("inf")] * 3
-        write_run(root, variant, seed, losses, options={"lr": lr, "warmup": warmup, "init": "gpt2", "steps": 8},
+        write_run(root, variant, seed, losses, options={"lr": lr, "warmup": warmup, "init": "gpt2", "steps": 8,
+                                                       "schedule": "constant"},
                   n_layer=3, probe_every=2, unigram_entropy=4.4)
     return analyse(root), root
 
