@@ -13,6 +13,10 @@ run stuck on that plateau is visible at a glance.
 from __future__ import annotations
 
 import functools
+import io
+import os
+import secrets
+import textwrap
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,10 +31,11 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.cm import ScalarMappable  # noqa: E402
 from matplotlib.colors import LogNorm, Normalize  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.ticker import MaxNLocator, NullLocator  # noqa: E402
 from scipy import stats as scipy_stats  # noqa: E402
 
-from ablate.analysis.load import layer_columns  # noqa: E402
+from ablate.analysis.labels import label_of, short_labels  # noqa: E402
+from ablate.analysis.load import SETTING_KEYS, VARIANT_AXES, layer_columns  # noqa: E402
 from ablate.analysis.metrics import PHASES  # noqa: E402
 
 PANEL_SIZE = (4.6, 3.2)  # inches per facet panel
@@ -40,6 +45,7 @@ PHASE_TITLES = {"init": "at initialisation", "mid": "mid-run", "end": "at the en
 ENTROPY_COLOUR = "#555555"
 RAW_ALPHA = 0.25  # the unsmoothed curve, drawn faintly behind the smoothed one
 # Per-layer heatmaps drawn side by side: metric -> (title, colour-bar label, log colour scale).
+PROBE_TITLE_SIZE = 8
 LAYER_HEATMAPS = {
     "grad_norm": ("gradient norm", "gradient norm (L2)", True),
     "attn_logit_max": ("attention logit max", "max q.k/sqrt(d_head)", False),
@@ -80,15 +86,24 @@ class Plot:
 
 @dataclass(frozen=True)
 class Style:
-    """What colours the lines (`hue`: a cells column), the colour of each value, and the
-    option axes that split the plots into panels."""
+    """What colours the lines (`hue`: a cells column), the colour of each value, the option
+    axes that split the plots into panels, and the short label (analysis/labels.py) of each hue
+    value and of each group: plots never show a full cell id."""
 
     hue: str
     palette: dict
     facets: tuple[str, ...] = field(default_factory=tuple)
+    labels: dict = field(default_factory=dict)  # hue value -> label inside a panel
+    group_labels: dict = field(default_factory=dict)  # group -> label naming every varying axis
 
     def colour(self, value) -> tuple:
         return self.palette[value]
+
+    def label(self, value) -> str:
+        return self.labels.get(value, str(value))
+
+    def group_label(self, group) -> str:
+        return self.group_labels.get(group, str(group))
 
 
 def make_style(cells: pd.DataFrame, option_axes=()) -> Style:
@@ -96,24 +111,27 @@ def make_style(cells: pd.DataFrame, option_axes=()) -> Style:
     `option_axes`), else by group (one panel). The colours depend only on the sorted names,
     so a variant keeps its colour in every plot, and in every report of the same variants."""
     variants = sorted(cells["variant_id"].dropna().unique())
+    axes = (*VARIANT_AXES, *option_axes, *SETTING_KEYS)  # short_labels keeps the varying ones
     if len(variants) > 1:
         hue, facets = "variant_id", tuple(a for a in option_axes if a in cells)
+        labels = short_labels(cells, VARIANT_AXES, by="variant_id")
     else:
         hue, facets = "group", ()
+        labels = short_labels(cells, axes, by="group")
     values = sorted(cells[hue].dropna().unique())
     colours = sns.color_palette("colorblind" if len(values) <= 10 else "husl", max(len(values), 1))
-    return Style(hue, dict(zip(values, colours)), facets)
+    return Style(hue, dict(zip(values, colours)), facets, labels, short_labels(cells, axes, by="group"))
 
 
 def _panels(cells: pd.DataFrame, style: Style) -> list[tuple[str, pd.DataFrame]]:
-    """(label, cells) per combination of the facet axes, in sorted order."""
+    """(label, cells) per combination of the facet axes, in sorted order; the label names the
+    facet values (`lr 1e-2, warmup 50`)."""
     if not style.facets:
         return [("", cells)]
-    panels = []
-    for key, members in cells.groupby(list(style.facets), sort=True, dropna=False):
-        key = key if isinstance(key, tuple) else (key,)
-        panels.append((", ".join(f"{a}={v}" for a, v in zip(style.facets, key)), members))
-    return panels
+    keyed = cells.assign(_panel=list(zip(*(cells[a] for a in style.facets))))
+    titles = short_labels(keyed, style.facets, by="_panel", constant=True)
+    return [(titles[key], members.drop(columns="_panel"))
+            for key, members in keyed.groupby("_panel", sort=True, dropna=False)]
 
 
 def _curve_cells(members: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
@@ -126,44 +144,186 @@ def _curve_cells(members: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
     return members[members["status"] == "diverged"], True
 
 
-def _grid(n_rows: int, n_cols: int, sharey: bool = False):
-    fig, axes = plt.subplots(n_rows, n_cols, figsize=(PANEL_SIZE[0] * n_cols, PANEL_SIZE[1] * n_rows + 0.6),
-                             squeeze=False, sharey=sharey)
-    return fig, axes
+MAX_PANELS_PER_ROW = 3  # 3 panels of PANEL_SIZE: about 14 inches, readable scaled to 1,600 px
+CHAR_WIDTH = 0.6  # DejaVu Sans's widest common glyphs, in ems: text width estimates err wide
+TITLE_SIZE, PANEL_TITLE_SIZE, LEGEND_SIZE = 11, 9, 8
+
+
+def text_inches(text: str, fontsize: float) -> float:
+    """A generous estimate of a line's width: the layouts reserve room from it, without
+    measuring (measuring every text is what makes tight_layout take seconds on a big grid)."""
+    return len(text) * CHAR_WIDTH * fontsize / 72
+
+
+def wrap(text: str, inches: float, fontsize: float) -> str:
+    """`text` broken at spaces into lines no wider than `inches`."""
+    chars = max(8, int(inches / (CHAR_WIDTH * fontsize / 72)))
+    return "\n".join(textwrap.wrap(text, chars, break_on_hyphens=False)) if text else text
+
+
+@dataclass
+class Layout:
+    """Panels placed in inches: every margin holds its text (tick labels, axis labels, titles,
+    the legend band) at any number of panels, and panels wrap into rows of `columns`."""
+
+    n: int
+    columns: int = MAX_PANELS_PER_ROW
+    panel: tuple = PANEL_SIZE
+    left: float = 0.95  # y tick labels and the y label
+    right: float = 0.3
+    gap_x: float = 0.95  # the next panel's y tick labels and y label
+    title_lines: int = 1  # of each panel's title
+    top: float = 0.45  # the figure title (grows with its lines)
+    bottom: float = 0.62  # x tick labels and the x label of the last row
+    legend: float = 0.0  # the band under the panels for the figure legend
+    extra_bottom: float = 0.0  # a band for colour bars, under the legend
+
+    def __post_init__(self):
+        self.columns = max(1, min(self.columns, self.n))
+
+    @property
+    def rows(self) -> int:
+        return -(-self.n // self.columns)
+
+    @property
+    def gap_y(self) -> float:
+        return self.bottom + 0.1 + 0.19 * self.title_lines
+
+    @property
+    def width(self) -> float:
+        return self.left + self.columns * self.panel[0] + (self.columns - 1) * self.gap_x + self.right
+
+    @property
+    def height(self) -> float:
+        return (self.top + 0.19 * self.title_lines + self.rows * self.panel[1] + (self.rows - 1) * self.gap_y
+                + self.bottom + self.legend + self.extra_bottom)
+
+    def rect(self, index: int) -> tuple:
+        """(left, bottom, width, height) of panel `index` as fractions of the figure."""
+        row, column = divmod(index, self.columns)
+        x = self.left + column * (self.panel[0] + self.gap_x)
+        y_top = self.top + 0.19 * self.title_lines + row * (self.panel[1] + self.gap_y)
+        y = self.height - y_top - self.panel[1]
+        return x / self.width, y / self.height, self.panel[0] / self.width, self.panel[1] / self.height
+
+    def place(self, fig: plt.Figure, axes) -> None:
+        fig.set_size_inches(self.width, self.height)
+        for index, ax in enumerate(axes):
+            ax.set_position(self.rect(index))
+
+
+def panel_figure(n: int, columns: int = MAX_PANELS_PER_ROW, sharey: bool = False, sharex: bool = False,
+                 **layout) -> tuple[plt.Figure, list, Layout]:
+    """A figure of `n` panels wrapped into rows (see Layout). With `sharey`, only the first
+    column shows the y tick labels, and the panels sit closer."""
+    if sharey:
+        layout.setdefault("gap_x", 0.3)
+    spec = Layout(n, columns, **layout)
+    fig = plt.figure(figsize=(spec.width, spec.height))
+    axes = []
+    for index in range(n):
+        first = axes[0] if axes else None
+        ax = fig.add_axes(spec.rect(index), sharey=first if sharey else None, sharex=first if sharex else None)
+        if sharey and index % spec.columns:
+            ax.tick_params(labelleft=False)
+        axes.append(ax)
+    return fig, axes, spec
+
+
+def _grid(n_rows: int, n_cols: int, sharey: bool = False, **layout):
+    """n_rows x n_cols panels (rows of a table: a row per group, a column per phase or metric)
+    as a 2-d array, placed by panel_figure."""
+    fig, axes, spec = panel_figure(n_rows * n_cols, n_cols, sharey=sharey, **layout)
+    return fig, np.array(axes, dtype=object).reshape(n_rows, n_cols), spec
+
+
+def save_figure(fig: plt.Figure, path: Path, dpi: int | None = None) -> Path:
+    """Write the figure to `path` without following a link there: into a fresh temporary
+    beside it (O_EXCL | O_NOFOLLOW), renamed over `path` (a rename replaces a link, not its
+    target), as ablate/rundir.py's replace_atomic does for the engine's files."""
+    path = Path(path)
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            # A light PNG compression: the default level takes seconds on a tall grid of panels.
+            extra = {"pil_kwargs": {"compress_level": 1}} if path.suffix == ".png" else {}
+            fig.savefig(f, format=path.suffix.lstrip("."), dpi=dpi, **extra)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
 
 
 def _save(fig: plt.Figure, out_dir: Path, name: str, dpi: int) -> list[Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"{name}.png", out_dir / f"{name}.svg"]
-    fig.savefig(paths[0], dpi=dpi, bbox_inches="tight")
-    fig.savefig(paths[1], bbox_inches="tight")
-    return paths
+    return [save_figure(fig, out_dir / f"{name}.png", dpi), save_figure(fig, out_dir / f"{name}.svg")]
 
 
-def _finish(fig: plt.Figure, axes, title: str) -> None:
-    """Title on top, one legend for all panels below them (deduplicated by label), and a
-    layout that keeps the two from overlapping the axis labels."""
+COLOUR_BAR_BAND = 0.95  # inches under the panels (and legend): a colour bar, its ticks and its label
+
+
+def _colour_bar(fig: plt.Figure, spec: Layout, columns: tuple[int, int], norm, label: str) -> None:
+    """A horizontal colour bar in the band under the panels, spanning panel columns
+    columns[0]..columns[1] of the layout (call after _finish has placed the panels)."""
+    first, last = spec.rect(columns[0]), spec.rect(columns[1])
+    bar = fig.add_axes((first[0], 0.55 / spec.height, last[0] + last[2] - first[0], 0.12 / spec.height))
+    fig.colorbar(ScalarMappable(norm=norm, cmap=HEATMAP_CMAP), cax=bar, orientation="horizontal", label=label)
+
+
+def legend_entries(axes) -> dict:
+    """label -> handle over the panels, first one of each label ("_..." labels are not shown)."""
     handles: dict[str, object] = {}
     for ax in np.ravel(axes):
         for handle, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, handle)
-    columns = max(1, min(len(handles), 3))
+    return handles
+
+
+def _finish(fig: plt.Figure, axes, title: str, spec: Layout) -> None:
+    """The figure's title on top (wrapped to its width) and one legend for all panels in a band
+    under them, as many columns as its longest entry allows; then every panel in its place."""
+    handles = legend_entries(axes)
+    longest = max((text_inches(label, LEGEND_SIZE) for label in handles), default=0.0)
+    columns = max(1, min(len(handles), int((spec.width - 0.4) // (longest + 0.6)))) if handles else 1
     rows = -(-len(handles) // columns)
-    height = fig.get_size_inches()[1]
-    legend_space = (0.22 * rows + 0.1) / height if handles else 0.0
-    fig.suptitle(title, fontsize=11)
-    fig.tight_layout(rect=(0, legend_space, 1, 1))
+    spec.legend = 0.22 * rows + 0.15 if handles else 0.0
+    title = wrap(title, spec.width - 0.4, TITLE_SIZE)
+    spec.top = 0.2 + 0.22 * (title.count("\n") + 1)
+    spec.place(fig, np.ravel(axes))
+    fig.suptitle(title, fontsize=TITLE_SIZE, y=1 - 0.1 / spec.height, va="top")
     if handles:
         fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=columns, frameon=False,
-                   fontsize=8)
+                   fontsize=LEGEND_SIZE, bbox_to_anchor=(0.5, (spec.extra_bottom + 0.05) / spec.height))
+
+
+def panel_title(ax, text: str, spec: Layout, fontsize: float = PANEL_TITLE_SIZE, **kwargs) -> int:
+    """Set a panel's title wrapped to the panel's width; returns its number of lines."""
+    text = wrap(text, spec.panel[0], fontsize)
+    ax.set_title(text, fontsize=fontsize, **kwargs)
+    return text.count("\n") + 1 if text else 0
+
+
+# A title at a fixed height (matplotlib otherwise measures every tick label to lift it: seconds
+# over a big grid; the layouts leave room for it), and SVG text as text rather than outlines.
+FAST_DRAWING = {"axes.titley": 1.0, "svg.fonttype": "none"}
+
+
+def log_y(ax) -> None:
+    """A log y axis without minor ticks: they are unlabelled, the grid draws none, and making
+    their tick objects is most of the time a log panel takes to draw."""
+    ax.set_yscale("log")
+    ax.yaxis.set_minor_locator(NullLocator())
 
 
 def _styled(plot_function):
     """Draw inside seaborn's style without changing the caller's global matplotlib settings."""
     @functools.wraps(plot_function)
     def wrapper(*args, **kwargs):
-        with sns.axes_style("whitegrid"), sns.plotting_context("notebook", font_scale=0.8):
+        with sns.axes_style("whitegrid"), sns.plotting_context("notebook", font_scale=0.8), \
+                plt.rc_context(FAST_DRAWING):
             return plot_function(*args, **kwargs)
     return wrapper
 
@@ -216,10 +376,10 @@ def plot_loss_curves(steps: pd.DataFrame, cells: pd.DataFrame, out_dir: Path, st
     if smooth is None:
         smooth = max(1, steps["step"].nunique() // 50)
     panels = _panels(cells, style)
-    fig, axes = _grid(1, len(panels), sharey=True)
+    fig, axes, spec = panel_figure(len(panels), sharey=True)
     top = -np.inf  # the highest healthy mean or diverged run's first loss, over all panels
     marks = []  # (axes, step, loss) of each divergence, drawn once the y limits are known
-    for ax, (label, members) in zip(axes[0], panels):
+    for ax, (label, members) in zip(axes, panels):
         for group, group_cells in members.groupby("group", sort=False):
             colour = style.colour(group_cells[style.hue].iloc[0])
             curve_cells, all_diverged = _curve_cells(group_cells)
@@ -243,7 +403,7 @@ def plot_loss_curves(steps: pd.DataFrame, cells: pd.DataFrame, out_dir: Path, st
                     finite = series[np.isfinite(series[metric])]
                     top = max(top, finite[metric].iloc[0])
         draw_unigram_entropy(ax, members)
-        ax.set_title(label or "all cells", fontsize=10)
+        panel_title(ax, label or "all cells", spec)
         ax.set_xlabel("step")
     drawn = steps[steps["cell_id"].isin(cells["cell_id"])][metric].to_numpy(dtype=float)
     lowest = np.nanmin(drawn) if np.isfinite(drawn).any() else np.nan
@@ -251,13 +411,14 @@ def plot_loss_curves(steps: pd.DataFrame, cells: pd.DataFrame, out_dir: Path, st
     if np.isfinite(top) and np.isfinite(lowest) and top > lowest:
         # A diverged run's loss can reach 1e30; keep the healthy curves readable. The panels
         # share their y axis, so one limit serves them all.
-        axes[0][0].set_ylim(lowest - 0.05 * (top - lowest), top + 0.05 * (top - lowest))
-    ceiling = axes[0][0].get_ylim()[1]
+        axes[0].set_ylim(lowest - 0.05 * (top - lowest), top + 0.05 * (top - lowest))
+    ceiling = axes[0].get_ylim()[1]
     for ax, step, loss in marks:  # a divergence above the visible range is marked at its top
         ax.scatter([step], [min(loss, ceiling)], marker="x", s=40, color=DIVERGED_COLOUR, zorder=3,
                    label="divergence", clip_on=False)
-    axes[0][0].set_ylabel(f"training {metric} (nats)")
-    _finish(fig, axes, "Training loss per variant: mean across seeds, 95% t-band (dashed = a diverged seed)")
+    for ax in axes[::spec.columns]:
+        ax.set_ylabel(f"training {metric} (nats)")
+    _finish(fig, axes, "Training loss per variant: mean across seeds, 95% t-band (dashed = a diverged seed)", spec)
     smoothing = (f", each seed smoothed by an EMA of span {smooth} logged steps (the raw mean faint behind)"
                  if smooth > 1 else "")
     caption = (f"Training loss against step, mean across seeds with a 95% t-interval band{smoothing} "
@@ -267,16 +428,25 @@ def plot_loss_curves(steps: pd.DataFrame, cells: pd.DataFrame, out_dir: Path, st
 
 
 def _label(group_cells: pd.DataFrame, style: Style) -> str:
-    return str(group_cells[style.hue].iloc[0])
+    return style.label(group_cells[style.hue].iloc[0])
 
 
 def _bin_columns(wide: pd.DataFrame, max_columns: int) -> pd.DataFrame:
     """Average neighbouring steps into at most `max_columns` columns (a heatmap cell per
-    logged step is unreadable for long runs); each bin is labelled by its first step."""
+    logged step is unreadable for long runs); each bin is labelled by its first step. NaN is
+    left out of a bin's mean (a bin of NaN only stays NaN)."""
     if wide.shape[1] <= max_columns:
         return wide
-    bins = np.array_split(np.arange(wide.shape[1]), max_columns)
-    return pd.DataFrame({wide.columns[b[0]]: wide.iloc[:, b].mean(axis=1) for b in bins})
+    starts = np.array([b[0] for b in np.array_split(np.arange(wide.shape[1]), max_columns)])
+    values = wide.to_numpy(dtype=float)
+    finite = np.isfinite(values)
+    # One reduceat over the bins instead of a pandas mean per bin: a 200-step run's 100 bins
+    # x 14 groups took most of the heatmap's time.
+    sums = np.add.reduceat(np.where(finite, values, 0.0), starts, axis=1)
+    counts = np.add.reduceat(finite, starts, axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+    return pd.DataFrame(means, index=wide.index, columns=wide.columns[starts])
 
 
 @_styled
@@ -299,22 +469,19 @@ def plot_grad_heatmaps(steps: pd.DataFrame, cells: pd.DataFrame, out_dir: Path, 
     values = np.concatenate([m[3].to_numpy(dtype=float).ravel() for m in maps])
     values = values[np.isfinite(values)]
     norm = LogNorm(vmin=values.min(), vmax=values.max()) if values.size else None
-    n_cols = min(len(maps), 3)
-    n_rows = -(-len(maps) // n_cols)
-    fig, axes = _grid(n_rows, n_cols)
-    for ax, (group, group_cells, all_diverged, wide) in zip(axes.ravel(), maps):
+    titles = [wrap(style.group_label(group) + (" (all seeds diverged)" if all_diverged else ""), PANEL_SIZE[0],
+                   PANEL_TITLE_SIZE) for group, _, all_diverged, _ in maps]
+    fig, axes, spec = panel_figure(len(maps), sharey=True, title_lines=max(t.count("\n") + 1 for t in titles),
+                                   extra_bottom=COLOUR_BAR_BAND)
+    for ax, title, (group, group_cells, all_diverged, wide) in zip(axes, titles, maps):
         _draw_layer_map(ax, wide, norm)
-        ax.set_title(group + (" (all seeds diverged)" if all_diverged else ""), fontsize=8,
-                     color=style.colour(group_cells[style.hue].iloc[0]))
+        ax.set_title(title, fontsize=PANEL_TITLE_SIZE, color=style.colour(group_cells[style.hue].iloc[0]))
         ax.set_xlabel("step")
+    for ax in axes[::spec.columns]:  # the panels share the layers axis: labelled once a row
         ax.set_ylabel("layer (0 = input)")
-    for ax in axes.ravel()[len(maps):]:
-        ax.set_axis_off()
-    fig.suptitle("Per-layer gradient norm over training (mean across seeds, log colour scale)", fontsize=11)
-    fig.tight_layout(rect=(0, 0, 0.9, 1))
+    _finish(fig, axes, "Per-layer gradient norm over training (mean across seeds, log colour scale)", spec)
     # One colour bar for every panel: they share the scale, so panels compare directly.
-    bar_axes = fig.add_axes((0.92, 0.15, 0.015, 0.7))
-    fig.colorbar(ScalarMappable(norm=norm, cmap=HEATMAP_CMAP), cax=bar_axes, label="gradient norm (L2)")
+    _colour_bar(fig, spec, (0, spec.columns - 1), norm, "gradient norm (L2, log scale)")
     caption = ("Gradient norm of each block's parameters (rows, layer 0 at the bottom) against step (columns, "
                f"at most {max_columns}; neighbouring steps averaged), log colour scale shared by all panels.")
     return Plot(name, fig, _save(fig, out_dir, name, dpi), caption)
@@ -334,7 +501,7 @@ def _profile_panels(profiles: pd.DataFrame, cells: pd.DataFrame, style: Style, a
             ax.plot(line.index, line.to_numpy(), marker="o", ms=3, color=colour, ls="--" if all_diverged else "-",
                     label=_label(group_cells, style) + (" (all seeds diverged)" if all_diverged else ""))
     for ax in axes_row:
-        ax.set_yscale("log")
+        log_y(ax)
         ax.set_xlabel("layer (0 = input)")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if ylabel:
@@ -349,12 +516,12 @@ def plot_grad_profiles(profiles: pd.DataFrame, cells: pd.DataFrame, out_dir: Pat
     if profiles.empty:
         return None
     panels = _panels(cells, style)
-    fig, axes = _grid(len(panels), len(PHASES), sharey=True)
+    fig, axes, spec = _grid(len(panels), len(PHASES), sharey=True, title_lines=2 if style.facets else 1)
     for axes_row, (label, members) in zip(axes, panels):
         _profile_panels(profiles, members, style, axes_row, PHASES, "gradient norm (L2, log scale)")
         for ax, phase in zip(axes_row, PHASES):
-            ax.set_title(f"{PHASE_TITLES[phase]}" + (f"\n{label}" if label else ""), fontsize=10)
-    _finish(fig, axes, "Per-layer gradient norm profile (mean across seeds)")
+            ax.set_title(f"{PHASE_TITLES[phase]}" + (f"\n{label}" if label else ""), fontsize=PANEL_TITLE_SIZE)
+    _finish(fig, axes, "Per-layer gradient norm profile (mean across seeds)", spec)
     caption = ("Gradient norm of each layer at initialisation, mid-run and the end of training, mean across seeds; "
                "a flat profile means every layer learns at a similar rate.")
     return Plot(name, fig, _save(fig, out_dir, name, dpi), caption)
@@ -368,12 +535,13 @@ def plot_residual_rms(act_profiles: pd.DataFrame, cells: pd.DataFrame, out_dir: 
     if act_profiles.empty:
         return None
     panels = _panels(cells, style)
-    fig, axes = _grid(1, len(panels), sharey=True)
-    for ax, (label, members) in zip(axes[0], panels):
+    fig, axes, spec = panel_figure(len(panels), sharey=True)
+    for ax, (label, members) in zip(axes, panels):
         _profile_panels(act_profiles, members, style, [ax], ["end"])
-        ax.set_title(label or "all cells", fontsize=10)
-    axes[0][0].set_ylabel("residual-stream RMS (model units, log scale)")
-    _finish(fig, axes, "Residual-stream RMS by depth at the end of training (mean across seeds)")
+        panel_title(ax, label or "all cells", spec)
+    for ax in axes[::spec.columns]:
+        ax.set_ylabel("residual-stream RMS (log scale)")
+    _finish(fig, axes, "Residual-stream RMS by depth at the end of training (mean across seeds)", spec)
     caption = ("RMS of the residual stream after each block at the last logged step; growth with depth shows "
                "as a rising line.")
     return Plot(name, fig, _save(fig, out_dir, name, dpi), caption)
@@ -389,7 +557,10 @@ def plot_final_loss(metrics: pd.DataFrame, group_table: pd.DataFrame, out_dir: P
     if group_table.empty:
         return None
     groups = list(group_table["group"])
-    fig, ax = plt.subplots(figsize=(7.5, 0.9 + 0.45 * len(groups)))
+    names = [style.group_label(g) for g in groups]
+    # The y tick labels (a group's short label each) get the room the longest one needs.
+    fig, (ax,), spec = panel_figure(1, panel=(6.5, 0.3 + 0.42 * len(groups)),
+                                    left=0.55 + max(text_inches(n, 8) for n in names))
     completed = metrics[(metrics["status"] == "completed") & np.isfinite(metrics[value].astype(float))]
     finite = completed[value].astype(float)
     right = max([finite.max() if not finite.empty else 1.0, *unigram_entropies(metrics)])
@@ -404,7 +575,8 @@ def plot_final_loss(metrics: pd.DataFrame, group_table: pd.DataFrame, out_dir: P
                        label="one seed", zorder=2)
             mean, low, high = row[f"{value}_mean"], row[f"{value}_ci_low"], row[f"{value}_ci_high"]
             has_ci = np.isfinite(low)
-            xerr = [[mean - low], [high - mean]] if has_ci else None
+            # Identical seeds give an interval of width 0, which rounding can make a hair negative.
+            xerr = [[max(mean - low, 0.0)], [max(high - mean, 0.0)]] if has_ci else None
             ax.errorbar([mean], [y], xerr=xerr, fmt="o", color=colour, capsize=4, ms=6, zorder=3,
                         label="mean, 95% CI")
             if not has_ci:
@@ -416,15 +588,14 @@ def plot_final_loss(metrics: pd.DataFrame, group_table: pd.DataFrame, out_dir: P
             ax.annotate(f"{n_div} diverged", (diverged_x, y), xytext=(6, -3), textcoords="offset points",
                         fontsize=7, color=DIVERGED_COLOUR)
     draw_unigram_entropy(ax, metrics, vertical=True)
-    ax.set_yticks(range(len(groups)), groups, fontsize=8)
+    low_x = ax.get_xlim()[0]
+    ax.set_xlim(low_x, diverged_x + 0.3 * (diverged_x - low_x))  # room for the "n diverged" notes
+    ax.set_yticks(range(len(groups)), names, fontsize=8)
     ax.set_ylabel("group")
     ax.invert_yaxis()  # first group (the baseline) on top
     ax.set_xlabel("final validation loss (nats, held-out set at the end of training)")
-    ax.set_title("Final validation loss per variant: mean and 95% bootstrap CI across seeds", fontsize=11)
-    handles, labels = ax.get_legend_handles_labels()
-    unique = dict(zip(labels, handles))
-    ax.legend(unique.values(), unique.keys(), fontsize=7, loc="best")
-    fig.tight_layout()
+    # The legend goes under the axes (by _finish), never on the points or the unigram label.
+    _finish(fig, [ax], "Final validation loss per group: mean and 95% bootstrap CI across seeds", spec)
     caption = ("Final validation loss (the held-out set at the end of training) per group: the mean with its 95% "
                "bootstrap interval, each completed seed as a circle, each diverged seed as a red x; the dotted "
                "line is the corpus's unigram entropy.")
@@ -441,8 +612,8 @@ def plot_lr_sensitivity(sweeps, metrics: pd.DataFrame, out_dir: Path, style: Sty
     if not sweeps:
         return None
     settings = sorted({tuple(sorted((k, str(v)) for k, v in s.setting.items())) for s in sweeps})
-    fig, axes = _grid(1, len(settings), sharey=True)
-    for ax, setting in zip(axes[0], settings):
+    fig, axes, spec = panel_figure(len(settings), sharey=True)
+    for ax, setting in zip(axes, settings):
         mine = [s for s in sweeps if tuple(sorted((k, str(v)) for k, v in s.setting.items())) == setting]
         for sweep in mine:
             cells = metrics[metrics["group"].isin(list(sweep.groups.values()))]
@@ -450,7 +621,8 @@ def plot_lr_sensitivity(sweeps, metrics: pd.DataFrame, out_dir: Path, style: Sty
             done = sweep.curve[sweep.curve["status"] == "completed"]
             wide = done.pivot_table(index="seed", columns="lr", values="loss").reindex(columns=sweep.lrs)
             mean, low, high = t_band(wide.to_numpy(dtype=float))
-            label = sweep.variant_id if style.hue == "variant_id" else sweep.name
+            # One variant: its sweeps differ in the settings that the panel titles name already.
+            label = style.label(sweep.variant_id) if style.hue == "variant_id" else label_of(sweep.setting)
             ax.plot(wide.columns, mean, marker="o", ms=4, color=colour, lw=1.4, label=label)
             ax.fill_between(wide.columns, low, high, color=colour, alpha=0.2, lw=0)
             ax.scatter(done["lr"], done["loss"], s=10, alpha=0.4, color=colour, label="_seed")
@@ -466,9 +638,10 @@ def plot_lr_sensitivity(sweeps, metrics: pd.DataFrame, out_dir: Path, style: Sty
         draw_unigram_entropy(ax, metrics[metrics["group"].isin([g for s in mine for g in s.groups.values()])])
         ax.set_xscale("log")
         ax.set_xlabel("learning rate (log scale)")
-        ax.set_title(", ".join(f"{k}={v}" for k, v in setting) or "all cells", fontsize=10)
-    axes[0][0].set_ylabel("final validation loss (nats)")
-    _finish(fig, axes, "Final validation loss against learning rate: mean and 95% t-interval across seeds")
+        panel_title(ax, label_of(dict(setting)) if setting else "all cells", spec)
+    for ax in axes[::spec.columns]:
+        ax.set_ylabel("final validation loss (nats)")
+    _finish(fig, axes, "Final validation loss against learning rate: mean and 95% t-interval across seeds", spec)
     caption = ("Final validation loss against learning rate (log scale), mean over completed seeds with a 95% "
                "t-interval band, each seed a faint dot, the best lr a star; a red x at the top marks diverged cells "
                "(their count beside it); the dotted line is the corpus's unigram entropy.")
@@ -480,7 +653,8 @@ def _layer_map(steps: pd.DataFrame, cell_ids, metric: str, max_columns: int) -> 
     (probes run every `probe_every` steps), binned to at most `max_columns`. None when these
     cells never logged it."""
     columns = layer_columns(steps, metric)
-    rows = steps[steps["cell_id"].isin(cell_ids)]
+    # Only the columns needed: the steps frame holds every metric of every cell.
+    rows = steps.loc[steps["cell_id"].isin(cell_ids), ["step", *columns]]
     if not columns or rows.empty:
         return None
     rows = rows.dropna(subset=columns, how="all")
@@ -528,40 +702,32 @@ def plot_probe_heatmaps(steps: pd.DataFrame, cells: pd.DataFrame, out_dir: Path,
         if values.size:
             low, high = values.min(), max(values.max(), values.min() + 1e-9)  # a constant map needs a range
             scales[metric] = LogNorm(low, high) if log else Normalize(low, high)
-    fig, axes = _grid(len(rows), len(metrics))
-    for row_index, (axes_row, (group, group_cells, all_diverged, maps)) in enumerate(zip(axes, rows)):
-        top_row = row_index == 0
-        for column, (ax, metric) in enumerate(zip(axes_row, metrics)):
-            title = LAYER_HEATMAPS[metric][0]
-            wide = maps[metric]
-            if wide is None or metric not in scales:
+    # Every panel has the model's layers on y: shared, labelled once a row.
+    fig, axes, spec = _grid(len(rows), len(metrics), sharey=True, title_lines=3, extra_bottom=COLOUR_BAR_BAND,
+                            gap_x=0.35)
+    for axes_row, (group, group_cells, all_diverged, maps) in zip(axes, rows):
+        # Each panel names its metric and its group: a row of 14 looks alike without both.
+        group_title = wrap(style.group_label(group) + (" (all seeds diverged)" if all_diverged else ""),
+                           PANEL_SIZE[0], PROBE_TITLE_SIZE).split("\n")[:2]
+        for ax, metric in zip(axes_row, metrics):
+            title = "\n".join([LAYER_HEATMAPS[metric][0] + ("" if metric in scales else ": not logged"), *group_title])
+            if maps[metric] is None or metric not in scales:
                 ax.set_axis_off()
-                ax.set_title(f"{title}: not logged", fontsize=8)
+                ax.set_title(title, fontsize=PROBE_TITLE_SIZE)
                 continue
-            if LAYER_HEATMAPS[metric][2]:
-                wide = wide.where(wide > 0)
+            wide = maps[metric].where(maps[metric] > 0) if LAYER_HEATMAPS[metric][2] else maps[metric]
             _draw_layer_map(ax, wide, scales[metric])
-            # The metric names the column (top row), the group its row (left column): one label
-            # each instead of one per panel keeps the grid readable and quick to lay out.
-            if top_row:
-                ax.set_title(title, fontsize=9)
-            if column == 0:
-                ax.set_ylabel(f"{group}{' (all seeds diverged)' if all_diverged else ''}\nlayer (0 = input)",
-                              fontsize=7, color=style.colour(group_cells[style.hue].iloc[0]))
-            else:
-                ax.set_ylabel("layer", fontsize=7)
-            ax.set_xlabel("step", fontsize=7)
-    fig.suptitle("Per-layer probes over training (mean across seeds): gradient norm, attention logit max, "
-                 "cosine similarity", fontsize=11)
-    height = fig.get_size_inches()[1]
-    fig.tight_layout(rect=(0, 0.9 / height, 1, 1 - 0.3 / height))  # room for the title and the colour bars
+            ax.set_title(title, fontsize=PROBE_TITLE_SIZE, color=style.colour(group_cells[style.hue].iloc[0]))
+            if ax is axes_row[0]:
+                ax.set_ylabel("layer (0 = input)", fontsize=8)
+            ax.set_xlabel("step", fontsize=8)
+    _finish(fig, axes, "Per-layer probes over training (mean across seeds): gradient norm, attention logit max, "
+            "cosine similarity", spec)
     for column, metric in enumerate(metrics):  # one colour bar under each column
-        if metric not in scales:
-            continue
-        left = axes[-1][column].get_position()
-        bar = fig.add_axes((left.x0, 0.35 / height, left.width, 0.1 / height))
-        fig.colorbar(ScalarMappable(norm=scales[metric], cmap=HEATMAP_CMAP), cax=bar, orientation="horizontal",
-                     label=LAYER_HEATMAPS[metric][1] + (" (log)" if LAYER_HEATMAPS[metric][2] else ""))
+        if metric in scales:
+            _colour_bar(fig, spec, (column, column), scales[metric],
+                        wrap(LAYER_HEATMAPS[metric][1] + (" (log)" if LAYER_HEATMAPS[metric][2] else ""),
+                             PANEL_SIZE[0], 10))
     caption = ("Per-layer probes against step, one row per group (layer 0 at the bottom, at most "
                f"{max_columns} step columns): gradient norm (log colour), the largest attention logit, and the mean "
                "pairwise cosine similarity of token vectors after each block (1 = rank collapse); the probes are "

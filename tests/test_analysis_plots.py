@@ -91,12 +91,12 @@ def test_style_colours_variants_and_facets_by_the_varying_option(style):
 
 def test_loss_curves_one_mean_line_per_variant_per_panel_plus_each_diverged_seed(plots, style):
     axes = titled(plots["loss_curves"])
-    assert [ax.get_title() for ax in axes] == ["lr=0.001", "lr=0.01", "lr=0.1"]
-    curves = [[line for line in ax.lines if line.get_label() in (PRE, POST, f"{POST} (diverged)")] for ax in axes]
+    assert [ax.get_title() for ax in axes] == ["lr 1e-3", "lr 1e-2", "lr 1e-1"]
+    curves = [[line for line in ax.lines if line.get_label() in ("pre", "post", "post (diverged)")] for ax in axes]
     assert [len(c) for c in curves] == [2, 2, 3]  # lr=0.1: + the diverged seed's own dashed line
     assert curves[2][-1].get_linestyle() == "--"
     colours = {line.get_label(): line.get_color() for line in curves[0]}
-    assert colours[PRE] == style.palette[PRE]  # the same colour for the same variant everywhere
+    assert colours["pre"] == style.palette[PRE]  # the same colour for the same variant everywhere
     assert axes[0].get_xlabel() == "step" and "nats" in axes[0].get_ylabel()
 
 
@@ -105,7 +105,7 @@ def test_grad_heatmaps_one_panel_per_group_with_layer_by_step_cells(plots):
     images = [image for ax in fig.axes if ax.get_title() for image in ax.images]
     assert len(images) == 6  # 6 groups
     assert all(image.get_array().shape == (N_LAYER, N_STEPS) for image in images)
-    assert any("gradient norm" in ax.get_ylabel() for ax in fig.axes)  # the shared colour bar
+    assert any("gradient norm" in ax.get_xlabel() for ax in fig.axes)  # the shared colour bar, under the panels
 
 
 def test_heatmap_bins_long_runs_into_at_most_max_columns(analysis):
@@ -150,7 +150,7 @@ def test_plots_needing_probes_are_skipped_without_them(tmp_path):
 def test_the_lr_plot_is_log_x_with_diverged_marks_and_the_entropy_line(plots):
     (ax,) = data_axes(plots["lr_sensitivity"].figure)
     assert ax.get_xscale() == "log" and "learning rate" in ax.get_xlabel() and "nats" in ax.get_ylabel()
-    means = [line for line in ax.lines if line.get_label() in (PRE, POST)]
+    means = [line for line in ax.lines if line.get_label() in ("pre", "post")]
     assert sorted(len(line.get_xdata()) for line in means) == [3, 3]
     diverged = [c for c in ax.collections if c.get_label() == "diverged (no final loss)"]
     assert len(diverged) == 1 and diverged[0].get_offsets()[0][0] == pytest.approx(0.1)
@@ -165,7 +165,7 @@ def test_every_loss_plot_draws_the_unigram_entropy(plots):
 
 
 def test_a_diverged_run_is_marked_at_the_step_it_diverged(plots):
-    ax = [a for a in plots["loss_curves"].figure.axes if a.get_title() == "lr=0.1"][0]
+    ax = [a for a in plots["loss_curves"].figure.axes if a.get_title() == "lr 1e-1"][0]
     (mark,) = [c for c in ax.collections if c.get_label() == "divergence"]
     step, loss = mark.get_offsets()[0]
     assert step == 6 and loss == pytest.approx(ax.get_ylim()[1])  # 9.0 is above the axis: marked at its top
@@ -173,8 +173,9 @@ def test_a_diverged_run_is_marked_at_the_step_it_diverged(plots):
 
 def test_probe_heatmaps_sit_beside_the_gradient_norms_on_the_probe_steps(plots):
     fig = plots["probe_heatmaps"].figure
-    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
-    assert titles == ["gradient norm", "attention logit max", "token cosine similarity"]
+    titles = [ax.get_title().split("\n") for ax in fig.axes if ax.get_title()]
+    assert [t[0] for t in titles[:3]] == ["gradient norm", "attention logit max", "token cosine similarity"]
+    assert [t[1] for t in titles[:6]] == ["pre, lr 1e-3"] * 3 + ["post, lr 1e-3"] * 3  # the group, short
     images = [ax.images[0].get_array() for ax in data_axes(fig)]
     assert len(images) == 6 * 3  # 6 groups x (grad norm, attn logit max, cos sim)
     # layer x step: every logged step for the gradient norm, only steps 0, 3, 6, 9 for the probes
@@ -185,9 +186,9 @@ def test_probe_heatmaps_sit_beside_the_gradient_norms_on_the_probe_steps(plots):
 def test_loss_curves_are_smoothed_with_the_raw_mean_faint_behind(analysis, style, tmp_path):
     cells = analysis.metrics[analysis.metrics["lr"] == 1e-3]  # one panel is enough
     plot = plot_loss_curves(analysis.runs.steps, cells, tmp_path, style, smooth=4, dpi=20)
-    (ax,) = [a for a in plot.figure.axes if a.get_title() == "lr=0.001"]
+    (ax,) = [a for a in plot.figure.axes if a.get_title() == "lr 1e-3"]
     raw = [line for line in ax.lines if line.get_label() == "_raw"]
-    smooth = [line for line in ax.lines if line.get_label() == PRE]
+    smooth = [line for line in ax.lines if line.get_label() == "pre"]
     assert len(raw) == 2 and all(line.get_alpha() < 0.5 for line in raw)
     expected = [4.0 - 0.1 * i - 2e-3 + 0.005 for i in range(N_STEPS)]  # mean of the two seeds' losses
     assert list(raw[0].get_ydata()) == pytest.approx(expected)
