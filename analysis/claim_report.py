@@ -58,6 +58,9 @@ def _excluded(r: Result) -> str:
     t, parts, kind = r.test, [], MEASURES[r.compare.measure].test
     if t is None:
         return r.note
+    if kind == "t" and t.interval is not None and r.compare.effect and _beyond(t, r.compare):
+        return (f"a - b = {_g(t.estimate)} [{t.interval.low:.3g}, {t.interval.high:.3g}] {r.unit}, p = "
+                f"{_p(t.p_value)}: beyond the smallest effect of interest on its own")
     if t.interval is not None and kind == "t":
         parts.append(f"the data exclude a - b below {t.interval.low:+.3g} or above {t.interval.high:+.3g} {r.unit}")
     if kind == "binary" and t.detail:
@@ -72,6 +75,11 @@ def _excluded(r: Result) -> str:
     elif r.compare.effect and kind == "t":
         parts.append(f"no estimate of the seeds that would resolve {r.compare.effect:g} {r.unit} (no spread observed)")
     return "; ".join(parts)
+
+
+def _beyond(t, c) -> bool:
+    """Whether the interval lies wholly past the smallest effect of interest, the claimed way."""
+    return t.interval.low > c.effect if c.higher else t.interval.high < -c.effect
 
 
 def _side_notes(r: Result) -> list[str]:
