@@ -9,9 +9,10 @@ Roles:
                config.json `identity_keys`, so analysis pairs only cells equal in all of them.
   observation  changes what is logged, not the numbers (log_every, probes, ...): compared before
                a run directory is reused (its metrics must stay uniform), never in an id.
-  execution    how a run executes (threads, device, kernels, compile, checkpointing): never in an
-               id; device, kernels and compile are compared as resolved because they change the
-               last bits, threads has its own rule (ablate.train), checkpoint_every none.
+  execution    how a run executes (threads, device, kernels, compile, flush_denormal,
+               checkpointing): never in an id; device, kernels and compile are compared as resolved
+               because they change the last bits, threads and flush_denormal have their own rule
+               (ablate.train: a run keeps what it started with), checkpoint_every none.
 
 A cell id is the variant id plus the experiment options that vary in its grid (or that an
 `ablate train` was given away from their defaults) plus the seed, e.g.
@@ -159,6 +160,9 @@ class TrainConfig:
     device: str = _opt("auto", "auto, cpu or cuda", EXECUTION, choices=lambda: list(DEVICES))
     threads: int | None = _opt(None, "CPU threads (default: torch's)", EXECUTION, check=_at_least(1))
     compile: bool = _opt(False, "torch.compile the model", EXECUTION)
+    flush_denormal: bool = _opt(True, "flush subnormal floats (below ~1.2e-38) to zero on the CPU, as GPUs' fast "
+                                      "paths do (unstable cells run up to 4x faster); a run keeps the value it "
+                                      "started with (one without it recorded: false)", EXECUTION)
     checkpoint_every: int = _opt(100, "checkpoint every N steps", EXECUTION, check=_at_least(1))
 
     @cached_property
@@ -205,8 +209,9 @@ OPTION_NAMES = tuple(OPTIONS)
 IDENTITY_KEYS = tuple(n for n, o in OPTIONS.items() if o.role == EXPERIMENT)  # config.json identity_keys
 EXECUTION_KEYS = tuple(n for n, o in OPTIONS.items() if o.role == EXECUTION)
 # Compared before a run directory is reused: everything but the execution options that leave the
-# bits alone (threads has its own rule in ablate.train).
-NOT_COMPARED = ("threads", "checkpoint_every")
+# bits alone and those with a rule of their own in ablate.train (threads and flush_denormal: a
+# run keeps the value it started with, and asking for another one explicitly is refused).
+NOT_COMPARED = ("threads", "flush_denormal", "checkpoint_every")
 # Named in an `ablate train` cell id when given away from its default.
 TRAIN_ID_OPTIONS = tuple(n for n in IDENTITY_KEYS if OPTIONS[n].in_id and n not in AXES + ("variant", "seed"))
 

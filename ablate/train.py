@@ -21,7 +21,7 @@ from typing import Any, Callable
 import jsonlines
 import torch
 
-from ablate import plugins
+from ablate import fpmode, plugins
 from ablate.config import IDENTITY_KEYS, NOT_COMPARED, OPTIONS, TrainConfig
 from ablate.data import TokenData, load_data
 from ablate.errors import ConfigError
@@ -115,15 +115,20 @@ def check_data_fits(data: TokenData, seq_len: int) -> None:
 
 
 def run_config(cell, cfg: TrainConfig, size: ModelSize, data: TokenData, device: torch.device, kernels: str,
-               params: int | None = None, threads: int | None = None) -> dict:
+               params: int | None = None, threads: int | None = None, flush_denormal: bool | None = None,
+               subnormals_flushed: bool | None = None) -> dict:
+    """config.json. threads, flush_denormal: the values the run trains with (a resumed run's
+    own); subnormals_flushed: what ablate.fpmode measured in the torch threads once they were set
+    (True in all, False in none, None mixed)."""
     spec = cfg.spec
+    flush = cfg.flush_denormal if flush_denormal is None else flush_denormal
     return {
         "cell_id": cell.id,
         "group": cell.group,
         "variant": {"id": spec.id, **spec.axes()},
         "model": {**size.as_dict(), "init": cfg.init_name, "params": params},
         # Resolved values: the context, and the CPU threads in use (they fix the reductions' bits).
-        "train": {**cfg.as_dict(), "seq_len": cfg.context, "threads": threads},
+        "train": {**cfg.as_dict(), "seq_len": cfg.context, "threads": threads, "flush_denormal": flush},
         # The `train` keys that define the run (ablate/config.py roles): what analysis compares
         # to call two cells "the same settings".
         "identity_keys": list(IDENTITY_KEYS),
@@ -134,6 +139,7 @@ def run_config(cell, cfg: TrainConfig, size: ModelSize, data: TokenData, device:
         "kernels": kernels,
         "device": str(device),
         "dtype": str(autocast_dtype(cfg, device) or torch.float32).replace("torch.", ""),
+        "subnormals_flushed": subnormals_flushed,
         "versions": versions(),
         "git_commit": git_commit(),
         "plugins": plugins.records(),  # the code outside the package that defined values, with its sha256
@@ -206,6 +212,22 @@ def _threads_for(cell, cfg: TrainConfig, old: dict | None, run_dir: Path) -> int
     return recorded
 
 
+def _flush_for(cell, cfg: TrainConfig, old: dict | None, run_dir: Path) -> bool:
+    """Whether to flush subnormal floats to zero (ablate.fpmode). Once a value falls below the
+    normal range it changes the run's bits, so a run keeps the setting it started with; a
+    config.json written before the option existed trained with subnormals kept (torch's
+    default), and resumes so, bit for bit. Asking explicitly for the other value is refused."""
+    if old is None:
+        return cfg.flush_denormal
+    recorded = bool(old.get("train", {}).get("flush_denormal", False))
+    if cfg.flush_denormal != recorded and cell.is_given("flush_denormal"):
+        was, now = str(recorded).lower(), str(cfg.flush_denormal).lower()
+        raise ConfigError(f"{run_dir} holds a run trained with flush_denormal={was}, but this command asks for "
+                          f"flush_denormal={now}, which would change its bits; valid: flush_denormal={was} or no "
+                          "flush_denormal option, another --out, or remove that folder")
+    return recorded
+
+
 def check_existing_run(cell, run_dir: str | Path, plan: RunPlan | None = None) -> None:
     """Refuse (ConfigError, nothing written) when `run_dir` already holds a run of another
     config than `cell` asks for. `plan` is the cell planned to train; without it, the run is
@@ -229,6 +251,7 @@ def check_existing_run(cell, run_dir: str | Path, plan: RunPlan | None = None) -
             kernels = old.get("kernels") if old.get("train", {}).get("kernels") == "auto" else pick_auto(str(device))
     _refuse_another_run(run_dir, old, run_config(cell, cfg, size, data, device, kernels))
     _threads_for(cell, cfg, old, run_dir)
+    _flush_for(cell, cfg, old, run_dir)
 
 
 def _keep_metrics_before(path: Path, step: int) -> list[float]:
@@ -340,22 +363,28 @@ def train(cell, run_dir: str | Path, quiet: bool = True, plan: RunPlan | None = 
     plan = plan or plan_run(cell)
     old = _read_config(run_dir)
     threads = _threads_for(cell, plan.cfg, old, run_dir)
-    outer_threads = torch.get_num_threads()
+    flush = _flush_for(cell, plan.cfg, old, run_dir)
+    outer_threads, outer_flush = torch.get_num_threads(), fpmode.main_thread_flushing()
     torch.set_num_threads(threads)
+    fpmode.apply(flush)  # after the thread count: it reaches every thread the run will use
     try:
-        return _train(cell, run_dir, plan, old, threads, quiet, after_step)
+        return _train(cell, run_dir, plan, old, (threads, flush), quiet, after_step)
     finally:
-        torch.set_num_threads(outer_threads)  # the next run in this process (a bench, a test) starts clean
+        # The next run in this process (a bench, a test, a grid worker's next cell) starts clean.
+        torch.set_num_threads(outer_threads)
+        fpmode.set_flush_denormal(outer_flush)
 
 
-def _train(cell, run_dir: Path, plan: RunPlan, old: dict | None, threads: int, quiet: bool,
+def _train(cell, run_dir: Path, plan: RunPlan, old: dict | None, execution: tuple[int, bool], quiet: bool,
            after_step: Callable[[], None] | None) -> dict:
     cfg, device, amp, size, data = plan.cfg, plan.device, plan.amp, plan.size, plan.data
+    threads, flush = execution
     torch.manual_seed(cfg.seed)  # the seed fixes the initial weights...
     model = build_model(cfg.spec, size, plan.ops, device, init=cfg.init_name)
     opt = make_optimizer(model, cfg)
     config = run_config(cell, cfg, size, data, device, plan.ops.name,
-                        params=sum(p.numel() for p in model.parameters()), threads=threads)
+                        params=sum(p.numel() for p in model.parameters()), threads=threads, flush_denormal=flush,
+                        subnormals_flushed=fpmode.flushing())
     if old is not None:
         _refuse_another_run(run_dir, old, config)
 

@@ -240,7 +240,7 @@ def test_mlp_ratio_sets_the_dense_width_and_its_default_leaves_ids_unchanged():
 
 def test_the_schema_is_the_only_list_of_identity_keys():
     assert set(IDENTITY_KEYS).isdisjoint(EXECUTION_KEYS)
-    assert {"threads", "device", "kernels", "compile", "checkpoint_every"} == set(EXECUTION_KEYS)
+    assert {"threads", "device", "kernels", "compile", "flush_denormal", "checkpoint_every"} == set(EXECUTION_KEYS)
     assert {"lr", "init", "optimizer", "z_loss", "mlp_ratio", "qk_norm", "seed"} <= set(IDENTITY_KEYS)
     for name in ("log_every", "probes", "probe_every", "eval_every"):
         assert OPTIONS[name].role == "observation"
