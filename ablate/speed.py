@@ -209,7 +209,8 @@ def machine_speed(threads: int = 1, quiet: bool = False) -> Speed:
     if speed is None:
         if not quiet:
             print(f"ablate: measuring this machine's training speed at {threads} thread"
-                  f"{'s' if threads != 1 else ''} for the estimate (a few seconds; cached)", file=sys.stderr, flush=True)
+                  f"{'s' if threads != 1 else ''} for the estimate (seconds on a quiet machine, longer under "
+                  "load; cached)", file=sys.stderr, flush=True)
         speed = calibrate(threads)
         _store(speed)
     return speed

@@ -83,8 +83,8 @@ def library():
                         getattr(lib, name).restype = None
                 _lib.append((lib, None))
             except (OSError, subprocess.SubprocessError) as e:
-                detail = getattr(e, "stderr", b"") or b""
-                _lib.append((None, f"the build failed ({type(e).__name__}: {detail.decode(errors='replace')[:200] or e})"))
+                detail = (getattr(e, "stderr", b"") or b"").decode(errors="replace")[:200] or e
+                _lib.append((None, f"the build failed ({type(e).__name__}: {detail})"))
     return _lib[0]
 
 
