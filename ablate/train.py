@@ -25,7 +25,7 @@ from ablate import fpmode, plugins
 from ablate.config import IDENTITY_KEYS, NOT_COMPARED, OPTIONS, TrainConfig
 from ablate.data import TokenData, load_data
 from ablate.errors import ConfigError
-from ablate.kernels import get_backend
+from ablate.kernels import cpu_gelu, get_backend
 from ablate.model import GPT, build_model
 from ablate.probes import Probes
 from ablate.provenance import git_commit, versions
@@ -116,10 +116,11 @@ def check_data_fits(data: TokenData, seq_len: int) -> None:
 
 def run_config(cell, cfg: TrainConfig, size: ModelSize, data: TokenData, device: torch.device, kernels: str,
                params: int | None = None, threads: int | None = None, flush_denormal: bool | None = None,
-               subnormals_flushed: bool | None = None) -> dict:
+               subnormals_flushed: bool | None = None, gelu_cpu: str | None = None) -> dict:
     """config.json. threads, flush_denormal: the values the run trains with (a resumed run's
     own); subnormals_flushed: what ablate.fpmode measured in the torch threads once they were set
-    (True in all, False in none, None mixed)."""
+    (True in all, False in none, None mixed); gelu_cpu: the form of the CPU tanh-GELU
+    (ablate/kernels/cpu_gelu.py)."""
     spec = cfg.spec
     flush = cfg.flush_denormal if flush_denormal is None else flush_denormal
     return {
@@ -140,6 +141,7 @@ def run_config(cell, cfg: TrainConfig, size: ModelSize, data: TokenData, device:
         "device": str(device),
         "dtype": str(autocast_dtype(cfg, device) or torch.float32).replace("torch.", ""),
         "subnormals_flushed": subnormals_flushed,
+        "gelu_cpu": gelu_cpu,
         "versions": versions(),
         "git_commit": git_commit(),
         "plugins": plugins.records(),  # the code outside the package that defined values, with its sha256
@@ -243,6 +245,23 @@ def _flush_for(cell, cfg: TrainConfig, old: dict | None, run_dir: Path) -> bool:
         raise ConfigError(f"{run_dir} holds a run trained with flush_denormal={was}, but this command asks for "
                           f"flush_denormal={now}, which would change its bits; valid: flush_denormal={was} or no "
                           "flush_denormal option, another --out, or remove that folder")
+    return recorded
+
+
+def _gelu_form_for(old: dict | None, run_dir: Path) -> str:
+    """The form of the CPU tanh-GELU to train with (ablate/kernels/cpu_gelu.py). It fixes the
+    GELU's last bits, so a run keeps the form it started with; a config.json without one was
+    written before the fused kernel, by the torch passes. A form this machine cannot compute
+    (no compiler, another CPU) is refused: the run would not continue on its own bits."""
+    from ablate.kernels import cpu_gelu
+
+    if old is None:
+        return cpu_gelu.best()
+    recorded = old.get("gelu_cpu") or cpu_gelu.PASSES
+    if recorded not in (here := cpu_gelu.available()):
+        raise ConfigError(f"{run_dir} holds a run whose GELU was computed as {recorded!r}, which this machine cannot "
+                          f"compute ({cpu_gelu.library()[1] or 'another CPU'}); valid here: {', '.join(here)}: "
+                          "resume it where it started, or remove that folder")
     return recorded
 
 
@@ -398,27 +417,29 @@ def train(cell, run_dir: str | Path, quiet: bool = True, plan: RunPlan | None = 
     old = _read_config(run_dir)
     threads = _threads_for(cell, plan.cfg, old, run_dir)
     flush = _flush_for(cell, plan.cfg, old, run_dir)
+    gelu = _gelu_form_for(old, run_dir)
     outer_threads, outer_flush = torch.get_num_threads(), fpmode.main_thread_flushing()
     torch.set_num_threads(threads)
     fpmode.apply(flush)  # after the thread count: it reaches every thread the run will use
     try:
-        return _train(cell, run_dir, plan, old, (threads, flush), quiet, after_step)
+        with cpu_gelu.using(gelu):
+            return _train(cell, run_dir, plan, old, (threads, flush, gelu), quiet, after_step)
     finally:
         # The next run in this process (a bench, a test, a grid worker's next cell) starts clean.
         torch.set_num_threads(outer_threads)
         fpmode.set_flush_denormal(outer_flush)
 
 
-def _train(cell, run_dir: Path, plan: RunPlan, old: dict | None, execution: tuple[int, bool], quiet: bool,
+def _train(cell, run_dir: Path, plan: RunPlan, old: dict | None, execution: tuple[int, bool, str], quiet: bool,
            after_step: Callable[[], None] | None) -> dict:
     cfg, device, amp, size, data = plan.cfg, plan.device, plan.amp, plan.size, plan.data
-    threads, flush = execution
+    threads, flush, gelu = execution
     torch.manual_seed(cfg.seed)  # the seed fixes the initial weights...
     model = build_model(cfg.spec, size, plan.ops, device, init=cfg.init_name)
     opt = make_optimizer(model, cfg)
     config = run_config(cell, cfg, size, data, device, plan.ops.name,
                         params=sum(p.numel() for p in model.parameters()), threads=threads, flush_denormal=flush,
-                        subnormals_flushed=fpmode.flushing())
+                        subnormals_flushed=fpmode.flushing(), gelu_cpu=gelu)
     if old is not None:
         _refuse_another_run(run_dir, old, config)
 

@@ -7,3 +7,16 @@ import torch
 # decorators run: set it before any test imports a Triton kernel. On a GPU they run natively.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def reference_speed(monkeypatch):
+    """Time estimates in tests use ablate.speed.reference, a fixed yardstick: a calibration
+    would take seconds (minutes on a loaded machine) and make sizes depend on the day's load,
+    and its cached figures would land in the user's cache. tests/test_speed.py measures."""
+    import ablate.speed
+
+    monkeypatch.setattr(ablate.speed, "machine_speed", lambda threads=1, quiet=False: ablate.speed.reference(threads))

@@ -119,3 +119,11 @@ def test_a_grid_worker_process_applies_it(tmp_path, flushing_seen):
     (config,) = (tmp_path / "o").glob("*/config.json")
     config = json.loads(config.read_text())
     assert config["train"]["flush_denormal"] is True and config["subnormals_flushed"] is True
+
+
+def test_the_lockstep_bench_trains_a_claim_cell_both_ways():
+    from ablate.bench.subnormals import CELLS, describe, find_cell, lockstep_pair
+
+    pair = lockstep_pair(find_cell(*CELLS[0]), steps=2)
+    assert len(pair.flushed_s) == len(pair.kept_s) == 2 and pair.losses[0] == pair.losses[1]  # no subnormals yet
+    assert "kept / flushed" in describe([pair]) and fpmode.flushing() is False

@@ -2,7 +2,7 @@
 machine's matmul peak, as tables to paste."""
 from __future__ import annotations
 
-PARTS = ("steps", "grid", "startup", "memory", "profile", "gpu")
+PARTS = ("steps", "grid", "startup", "memory", "profile", "gpu", "subnormals")
 
 
 def add_arguments(p) -> None:
@@ -17,6 +17,8 @@ def add_arguments(p) -> None:
                                                    "(default: the harness's; 1 = every probe every step)")
     p.add_argument("--grid-steps", type=int, default=100, help="steps per cell in the grid scaling run (default 100)")
     p.add_argument("--workers", type=int, help="workers of the grid scaling run (default: the cores)")
+    p.add_argument("--subnormal-steps", type=int, help="steps of each lockstep pair of `--only subnormals` "
+                                                       "(default: the claim cell's own)")
 
 
 def _check(args, models: list[str]) -> None:
@@ -27,7 +29,8 @@ def _check(args, models: list[str]) -> None:
     if args.steps < SKIP + 3:
         raise ConfigError(f"--steps {args.steps}: need at least {SKIP + 3} (the first {SKIP} steps of a run are not timed)")
     for flag, value in (("--repeats", args.repeats), ("--layers", args.layers), ("--threads", args.threads), ("--probe-every", args.probe_every),
-                        ("--grid-steps", args.grid_steps), ("--workers", args.workers)):
+                        ("--grid-steps", args.grid_steps), ("--workers", args.workers),
+                        ("--subnormal-steps", args.subnormal_steps)):
         if value is not None and value < 1:
             raise ConfigError(f"{flag} {value}: need a whole number of at least 1")
     if not models:
@@ -55,7 +58,8 @@ def _run_parts(args, models: list[str], threads: int) -> int:
 
     import torch
 
-    parts = args.only or [p for p in PARTS if p != "gpu" or torch.cuda.is_available()]
+    # The subnormals part trains whole claim cells twice (minutes): only when asked for.
+    parts = args.only or [p for p in PARTS if p != "subnormals" and (p != "gpu" or torch.cuda.is_available())]
     load = ", load average {:.1f} {:.1f} {:.1f}".format(*os.getloadavg()) if hasattr(os, "getloadavg") else ""
     plural = "s" if threads != 1 else ""
     print(f"ablate bench ({threads} torch thread{plural}, {os.cpu_count()} cores{load}, torch {torch.__version__})\n")
@@ -80,6 +84,10 @@ def _run_parts(args, models: list[str], threads: int) -> int:
         else:
             for row in h.gpu_figures():
                 print(row, flush=True)
+    if "subnormals" in parts:
+        from ablate.bench.subnormals import describe, subnormal_pairs
+
+        print(describe(subnormal_pairs(args.subnormal_steps, args.threads or 1)), flush=True)
     if "profile" in parts:
         print()
         print(h.profile_steps(models[0], args.layers))

@@ -74,7 +74,18 @@ def list_grids() -> int:
     return 0
 
 
-def dry_run(grid, out: Path) -> int:
+def estimate_line(grid, workers: int) -> str:
+    """The grid's estimated wall time on this machine with local workers (ablate/speed.py)."""
+    from ablate.speed import grid_seconds, machine_speed, threads_per_worker
+
+    workers = max(1, min(workers, len(grid.cells)))
+    speed = machine_speed(threads_per_worker(workers))
+    minutes = grid_seconds(grid, workers, speed=speed) / 60
+    return (f"estimated time: about {minutes:.1f} min with {workers} local worker{'s' if workers != 1 else ''} "
+            f"(--workers), {speed.describe()}; cells that diverge stop early, so less")
+
+
+def dry_run(grid, out: Path, workers: int = 1) -> int:
     from ablate.grid_state import cell_status
 
     print(f"grid {grid.name} ({grid.source}), scale {grid.scale}, out {out}")
@@ -100,6 +111,8 @@ def dry_run(grid, out: Path) -> int:
         print("crossings the variant rules refuse (dropped):")
         for line in grid.refused:
             print(f"  {line}")
+    if grid.scale == "cpu":  # other scales are sized for GPUs: no CPU estimate
+        print(estimate_line(grid, workers))
     print(f"total: {len(grid.cells)} cells, {grid.total_steps:,} steps")
     return 0
 
@@ -146,5 +159,5 @@ def run(args) -> int:
     out = args.out or default_out(grid)
     if args.dry_run:
         check_grid(grid, out)
-        return dry_run(grid, out)
+        return dry_run(grid, out, args.workers or 1)
     return run_grid(grid, out, options)

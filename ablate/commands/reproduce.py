@@ -20,15 +20,9 @@ DEFAULT_ROOT = Path("runs") / "claims"
 # For the --full estimate: a bf16 GPU of the H100 class at a utilisation these small models
 # reach at best. Stated with the estimate, which is a lower bound on the time.
 ASSUMED_PEAK_FLOPS, ASSUMED_MFU = 990e12, 0.30
-# The --quick cost model of one cell on one CPU thread at tiny width (64, context 64), fitted
-# by least squares to the wall times of 119 completed cells of a real `ablate reproduce all
-# --quick` on this project's 2-core machine (median error 12% over all 155 completed cells of
-# that run; the machine was shared with other work, so the estimates lean high): seconds = FIXED_SECONDS + steps / 300 x
-# batch / 16 x (CELL_SECONDS + BLOCK_SECONDS x blocks x MLP factor), the MLP factor being the
-# block's weights relative to a 4x MLP's, (4 + 2 x mlp_ratio) / 12. FIXED_SECONDS is what a
-# cell costs whatever its steps (start-up, the final evaluation over 32 batches).
-# --quick runs QUICK_WORKERS cells at once.
-FIXED_SECONDS, CELL_SECONDS, BLOCK_SECONDS = 9.3, 18.8, 1.87
+# The --quick estimates come from this machine's measured speed (ablate/speed.py: a short
+# calibration, cached while the machine and its load stay as they were), not from a fit made on
+# another day's load. --quick runs QUICK_WORKERS cells at once.
 QUICK_WORKERS = 2
 
 
@@ -95,15 +89,24 @@ def grid_flops(grid) -> float:
     return total
 
 
-def cell_seconds(cfg) -> float:
-    """One cell's estimated seconds on one CPU thread at tiny width (the cost model above)."""
-    blocks = cfg.size.n_layer * (4 + 2 * float(cfg.mlp_ratio)) / 12
-    return FIXED_SECONDS + cfg.steps / 300 * cfg.batch_size / 16 * (CELL_SECONDS + BLOCK_SECONDS * blocks)
+def quick_workers() -> int:
+    return min(QUICK_WORKERS, os.cpu_count() or 1)
 
 
-def quick_seconds(grid, workers: int = QUICK_WORKERS) -> float:
-    """Estimated wall time on the CPU: an upper bound where cells diverge early."""
-    return sum(cell_seconds(grid.configs.setting(c.id)) for c in grid.cells) / max(1, workers)
+def cell_seconds(cfg, speed=None) -> float:
+    """One cell's estimated seconds alone on this machine at one worker's share of its cores
+    (`speed`: an ablate.speed.Speed; default this machine's, measured)."""
+    from ablate.speed import machine_speed, threads_per_worker
+
+    return (speed or machine_speed(threads_per_worker(quick_workers()))).cell_seconds(cfg)
+
+
+def quick_seconds(grid, workers: int = QUICK_WORKERS, speed=None) -> float:
+    """Estimated wall time on this machine's CPUs with `workers` cells at once: an upper bound
+    where cells diverge early. `speed`: as cell_seconds."""
+    from ablate.speed import grid_seconds
+
+    return grid_seconds(grid, workers, speed=speed)
 
 
 def estimate_gpu_hours(grid) -> float:
@@ -117,21 +120,23 @@ def _minutes(seconds: float) -> str:
 def list_claims() -> int:
     from ablate.grids import load_grid
 
+    from ablate.speed import machine_speed, threads_per_worker
+
     claims = shipped_claims()
+    speed = machine_speed(threads_per_worker(quick_workers()))  # measured before the table, not inside it
     print("claims (ablate reproduce NAME [--quick|--full]; `all` runs every one):")
     print(f"  {'name':<18}{'grid':<26}{'cells':>6}{'quick (CPU)':>13}{'gpu cells':>10}{'full (GPU)':>12}  source")
     total = 0.0
     for name, claim in claims.items():
         cpu = load_grid(claim.grid)
         gpu = load_grid(claim.grid, "gpu") if "gpu" in cpu.scales else None
-        seconds = quick_seconds(cpu)
+        seconds = quick_seconds(cpu, quick_workers(), speed)
         total += seconds
         full = f"{estimate_gpu_hours(gpu):.2f} h" if gpu else "-"
         print(f"  {name:<18}{claim.grid:<26}{len(cpu.cells):>6}{_minutes(seconds):>13}"
               f"{(len(gpu.cells) if gpu else '-'):>10}{full:>12}  {claim.source}")
-    print(f"all --quick: about {_minutes(total)} on {QUICK_WORKERS} CPU cores (cost model per cell on one thread: "
-          f"{FIXED_SECONDS:g} s + ({CELL_SECONDS:g} s + {BLOCK_SECONDS:g} s per block) per 300 steps at batch 16, "
-          "fitted to a real run; diverged cells stop early, so less). --full: GPU-hours at least, at "
+    print(f"all --quick: about {_minutes(total)} with {quick_workers()} cells at once, {speed.describe()}; diverged "
+          "cells stop early, so less. --full: GPU-hours at least, at "
           f"{ASSUMED_MFU:.0%} of a {ASSUMED_PEAK_FLOPS / 1e12:.0f} TFLOP/s bf16 GPU.")
     return 0
 
@@ -202,16 +207,15 @@ def reproduce(claim, out: Path, scale: str, overrides: dict, args, grid=None):
     from ablate.grid_runner import ExecutionOptions, run_grid
 
     grid = grid or _plan(claim, out, scale, overrides)
-    workers = args.workers if args.workers is not None else (1 if scale == "gpu" else
-                                                             min(QUICK_WORKERS, os.cpu_count() or 1))
+    workers = args.workers if args.workers is not None else (1 if scale == "gpu" else quick_workers())
     print(f"{claim.name}: grid {grid.name}, {len(grid.cells)} cells, {grid.total_steps:,} steps, {workers} "
           f"worker(s) -> {out}", flush=True)
     if scale == "gpu":
         print(f"estimated GPU time: {estimate_gpu_hours(grid):.2f} GPU-hours at least ({ASSUMED_MFU:.0%} of a "
               f"{ASSUMED_PEAK_FLOPS / 1e12:.0f} TFLOP/s bf16 GPU; small models reach less, so expect more)", flush=True)
     else:
-        print(f"estimated time: about {_minutes(quick_seconds(grid, max(1, workers)))} on {max(1, workers)} CPU "
-              "core(s)", flush=True)
+        print(f"estimated time: about {_minutes(quick_seconds(grid, max(1, workers)))} with {max(1, workers)} "
+              "cell(s) at once (this machine's speed, measured)", flush=True)
     t0 = time.time()
     status = run_grid(grid, out, ExecutionOptions(workers=workers, quiet=args.quiet))
     if status == 2:

@@ -1,0 +1,239 @@
+"""This machine's training speed, measured, for the time estimates a user plans by
+(`ablate reproduce --list` and its start line, `ablate grid --dry-run`, the ladder).
+
+A cost model fitted once on another day's load was off by 2x (issue #29: 11.6 min estimated,
+6 min taken). Instead a short calibration trains three small harness runs here, with the
+harness's own loop (probes, logging, evaluation), at the thread count the cells will use, and
+fits, per training step,
+
+    seconds = STEP + BLOCK x blocks + FLOPs / RATE
+
+(STEP: embeddings, loss, optimizer and logging; BLOCK: a block's many small ops, which at
+these widths cost more than its FLOPs; RATE: the rate of the FLOPs themselves), plus a
+validation batch's cost relative to a training step and a cell's fixed cost (building the
+model and data, the first steps' warm-up). It is cached in $ABLATE_CACHE/speed.json and reused
+while it describes the machine: the same CPU, cores, torch, thread count, within MAX_AGE_S, and
+a load average within LOAD_TOLERANCE of the one it was measured under. The load it finds when
+it runs is in its figures; what the grid's own workers add to it is `contention`.
+"""
+from __future__ import annotations
+
+import heapq
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+CACHE_NAME = "speed.json"
+MAX_AGE_S = 30 * 60
+LOAD_TOLERANCE = 1.0  # runnable processes: one more or fewer than at calibration changes a core's share
+# (model, blocks): two depths at tiny width give the per-block cost, a wider one the FLOP rate.
+POINTS = (("tiny", 1), ("tiny", 6), ("small", 2))
+STEPS, WARMUP, BATCH, EVAL_BATCHES = 12, 4, 16, 4
+
+
+@dataclass
+class Speed:
+    step_s: float  # per training step, whatever the depth
+    block_s: float  # per block per training step, beyond its FLOPs
+    flops_per_s: float  # the rate of a step's FLOPs
+    eval_ratio: float  # one validation batch / one training step of the same shape
+    cell_s: float  # per cell: build, data, warm-up
+    threads: int
+    load: float  # the 1-minute load average when it was measured
+    measured_at: float
+    machine: str
+    calibration_s: float = 0.0
+
+    def step_seconds(self, flops: float, blocks: int) -> float:
+        return self.step_s + self.block_s * blocks + flops / self.flops_per_s
+
+    def cell_seconds(self, cfg, flops: float | None = None) -> float:
+        """One cell's seconds at this speed: its steps, its evaluations, its fixed cost. A cell
+        that diverges stops early, so this is an upper bound for those."""
+        flops = step_flops(cfg) if flops is None else flops
+        step = self.step_seconds(flops, cfg.size.n_layer)
+        evals = (cfg.steps - 1) // cfg.eval_every * cfg.eval_batches + cfg.final_eval_batches
+        return self.cell_s + cfg.steps * step + evals * self.eval_ratio * step
+
+    def describe(self) -> str:
+        return (f"calibrated on this machine {_ago(self.measured_at)} at {self.threads} thread"
+                f"{'s' if self.threads != 1 else ''}, load average {self.load:.1f}: per step "
+                f"{self.step_s * 1e3:.1f} ms + {self.block_s * 1e3:.1f} ms a block + FLOPs at "
+                f"{self.flops_per_s / 1e9:.1f} GFLOP/s, {self.cell_s:.1f} s a cell")
+
+
+def _ago(t: float) -> str:
+    minutes = (time.time() - t) / 60
+    return "just now" if minutes < 1 else f"{minutes:.0f} min ago"
+
+
+def machine() -> str:
+    """What a calibration is valid for: the CPU, its cores, torch, Python."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return f"{cpu} | {os.cpu_count()} cores | torch {torch.__version__} | python {platform.python_version()}"
+
+
+def load_average() -> float:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+
+
+def contention(speed: Speed, workers: int, threads: int) -> float:
+    """How much slower each of `workers` cells (of `threads` threads) runs than the calibration
+    did: it shared the cores with the load it found plus its own threads; the grid's workers
+    add theirs. 1 on a quiet machine with a thread per core."""
+    cores = os.cpu_count() or 1
+    other = max(0.0, speed.load - speed.threads)  # the load average counted the calibration in part
+    return max(1.0, (other + workers * threads) / cores) / max(1.0, (other + speed.threads) / cores)
+
+
+def reference(threads: int = 1) -> Speed:
+    """The cost model this replaced, as a Speed: fitted to 119 cells of an `ablate reproduce all
+    --quick` on this project's 2-core machine while other work shared it (so it leans high:
+    `prenorm-wins --quick` estimated 11.6 min, took 6 on a quiet machine). Not an estimate of
+    this machine; a fixed yardstick for the claims' size budgets (tests), where a measurement
+    would make the budget depend on the load of the day."""
+    return Speed(step_s=18.8 / 300, block_s=1.87 / 300, flops_per_s=float("inf"), eval_ratio=0.0, cell_s=9.3,
+                 threads=threads, load=0.0, measured_at=0.0, machine="reference")
+
+
+_FLOPS: dict = {}
+
+
+def step_flops(cfg) -> float:
+    """Training FLOPs of one step: 6 x matmul parameters x tokens, plus attention's
+    6 x blocks x context x d_model per token (ablate.bench.flops' formula, on the variant's own
+    parameters)."""
+    key = (cfg.spec, cfg.size, cfg.context, cfg.batch_size)
+    if key not in _FLOPS:
+        from ablate.model import build_model
+
+        model = build_model(cfg.spec, cfg.size, device="meta")
+        params = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("wpe."))
+        size = cfg.size
+        _FLOPS[key] = cfg.batch_size * cfg.context * (6 * params + 6 * size.n_layer * cfg.context * size.d_model)
+    return _FLOPS[key]
+
+
+def _timed_run(model: str, blocks: int, threads: int, out: Path) -> tuple[float, float, float, object]:
+    """One calibration run: (mean step seconds after warm-up, one validation batch's seconds,
+    fixed seconds, its config)."""
+    from ablate.cell import Cell
+    from ablate.rundir import METRICS
+    from ablate.train import train
+
+    options = {"model": model, "layers": blocks, "steps": STEPS, "batch_size": BATCH, "schedule": "constant",
+               "eval_every": STEPS, "eval_batches": 1, "final_eval_batches": EVAL_BATCHES,
+               "checkpoint_every": STEPS, "threads": threads}
+    cell = Cell.from_options(options)
+    run_dir = out / f"{model}x{blocks}"
+    t0 = time.perf_counter()
+    train(cell, run_dir)
+    total = time.perf_counter() - t0
+    times = [json.loads(line)["time_s"] for line in (run_dir / METRICS).read_text().splitlines()]
+    step = (times[-2] - times[WARMUP - 1]) / (STEPS - 1 - WARMUP)
+    # The last row is written after the final evaluation: its span less a step is the evaluation.
+    evaluation = max(0.0, times[-1] - times[-2] - step) / EVAL_BATCHES
+    fixed = max(0.0, total - times[-1] + times[WARMUP - 1] - WARMUP * step)  # before and after the loop, and warm-up
+    return step, evaluation, fixed, cell.config
+
+
+def calibrate(threads: int = 1) -> Speed:
+    """Measure (about 5 s on a quiet 2-core machine; longer under load)."""
+    import numpy as np
+
+    load = load_average()
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = [_timed_run(model, blocks, threads, Path(tmp)) for model, blocks in POINTS]
+    # Least squares on [1, blocks, FLOPs] (three points: solved exactly), kept physical: no part
+    # of a step costs less than nothing.
+    a = np.array([[1.0, cfg.size.n_layer, step_flops(cfg)] for _, _, _, cfg in runs])
+    b = np.array([step for step, _, _, _ in runs])
+    step_s, block_s, per_flop = np.linalg.lstsq(a, b, rcond=None)[0]
+    if min(step_s, block_s, per_flop) < 0:  # noise beat the signal: one rate for everything
+        step_s, block_s, per_flop = 0.0, 0.0, float(b.sum() / a[:, 2].sum())
+    return Speed(step_s=float(step_s), block_s=float(block_s), flops_per_s=1.0 / max(float(per_flop), 1e-15),
+                 eval_ratio=float(np.median([e / s for s, e, _, _ in runs])),
+                 cell_s=float(np.median([f for _, _, f, _ in runs])), threads=threads, load=load,
+                 measured_at=time.time(), machine=machine(), calibration_s=time.perf_counter() - t0)
+
+
+def _cache_path() -> Path:
+    from ablate.data import cache_root
+
+    return cache_root() / CACHE_NAME
+
+
+def _cached(threads: int) -> Speed | None:
+    try:
+        entry = json.loads(_cache_path().read_text()).get(str(threads))
+        speed = Speed(**entry)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    fresh = time.time() - speed.measured_at < MAX_AGE_S and abs(load_average() - speed.load) <= LOAD_TOLERANCE
+    return speed if fresh and speed.machine == machine() else None
+
+
+def _store(speed: Speed) -> None:
+    path = _cache_path()
+    try:
+        entries = json.loads(path.read_text()) if path.exists() else {}
+        entries = entries if isinstance(entries, dict) else {}
+    except (OSError, ValueError):
+        entries = {}
+    entries[str(speed.threads)] = asdict(speed)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(entries, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # an unwritable cache: measured again next time, nothing lost
+
+
+def machine_speed(threads: int = 1, quiet: bool = False) -> Speed:
+    """The cached calibration when it still describes this machine, else a new one (cached)."""
+    speed = _cached(threads)
+    if speed is None:
+        if not quiet:
+            print(f"ablate: measuring this machine's training speed at {threads} thread"
+                  f"{'s' if threads != 1 else ''} for the estimate (seconds on a quiet machine, longer under "
+                  "load; cached)", file=sys.stderr, flush=True)
+        speed = calibrate(threads)
+        _store(speed)
+    return speed
+
+
+def threads_per_worker(workers: int) -> int:
+    """A local worker's torch threads: its share of the cores (ablate.backends.local)."""
+    from ablate.backends.base import cpu_count
+
+    return max(1, cpu_count() // max(1, workers))
+
+
+def grid_seconds(grid, workers: int, threads: int | None = None, speed: Speed | None = None) -> float:
+    """A grid's estimated wall time with `workers` cells at once, each at `threads` threads
+    (default: the cores shared among the workers), on this machine as it is now."""
+    workers = max(1, min(workers, len(grid.cells)))
+    threads = threads or threads_per_worker(workers)
+    speed = speed or machine_speed(threads)
+    # The workers take the cells in grid order, each the next one as it frees up.
+    free = [0.0] * workers
+    costs: dict[int, float] = {}  # per setting (shared by its seeds)
+    for cell in grid.cells:
+        cfg = grid.configs.setting(cell.id)
+        seconds = costs.setdefault(id(cfg), speed.cell_seconds(cfg))
+        heapq.heapreplace(free, free[0] + seconds)
+    return max(free) * contention(speed, workers, threads)

@@ -1,0 +1,106 @@
+"""The time estimates come from this machine's measured speed (ablate/speed.py): the fit, the
+cache and when it is measured again, and the commands that print them."""
+import json
+
+import pytest
+
+import ablate.speed as speed
+from ablate.cli import main
+from ablate.config import resolve
+
+MACHINE_SPEED = speed.machine_speed  # before conftest's fixture swaps it for the reference
+
+
+@pytest.fixture
+def measured(monkeypatch, tmp_path):
+    """The real machine_speed, with its cache in tmp_path, a fixed load average and a
+    calibration that counts its calls and returns the given figures."""
+    monkeypatch.setattr(speed, "machine_speed", MACHINE_SPEED)
+    monkeypatch.setenv("ABLATE_CACHE", str(tmp_path))
+    state = {"load": 0.5, "calls": 0}
+    monkeypatch.setattr(speed, "load_average", lambda: state["load"])
+
+    def calibrate(threads=1):
+        state["calls"] += 1
+        return speed.Speed(0.01, 0.002, 1e9, 0.3, 1.0, threads, state["load"], speed.time.time(), speed.machine())
+
+    monkeypatch.setattr(speed, "calibrate", calibrate)
+    return state
+
+
+def test_the_fit_recovers_a_known_machine(monkeypatch):
+    """Three calibration runs whose step times follow the model exactly give its figures back."""
+    step_s, block_s, rate = 0.004, 0.0015, 2e9
+
+    def timed_run(model, blocks, threads, out):
+        cfg = resolve({"model": model, "layers": blocks, "batch_size": speed.BATCH})
+        step = step_s + block_s * blocks + speed.step_flops(cfg) / rate
+        return step, step * 0.3, 1.5, cfg
+
+    monkeypatch.setattr(speed, "_timed_run", timed_run)
+    s = speed.calibrate(1)
+    assert s.step_s == pytest.approx(step_s, rel=1e-6) and s.block_s == pytest.approx(block_s, rel=1e-6)
+    assert s.flops_per_s == pytest.approx(rate, rel=1e-6)
+    assert s.eval_ratio == pytest.approx(0.3) and s.cell_s == pytest.approx(1.5)
+
+
+def test_a_cells_estimate_is_its_steps_evaluations_and_fixed_cost():
+    s = speed.Speed(0.01, 0.002, float("inf"), 0.5, 2.0, 1, 0.0, 0.0, "m")
+    cfg = resolve({"layers": 5, "steps": 100, "eval_every": 50, "eval_batches": 4, "final_eval_batches": 8})
+    step = 0.01 + 0.002 * 5
+    assert s.cell_seconds(cfg) == pytest.approx(2.0 + 100 * step + (1 * 4 + 8) * 0.5 * step)
+
+
+def test_the_calibration_is_cached_while_it_describes_the_machine(measured, monkeypatch, tmp_path):
+    first = speed.machine_speed(1, quiet=True)
+    assert measured["calls"] == 1 and json.loads((tmp_path / speed.CACHE_NAME).read_text())["1"]["threads"] == 1
+    assert speed.machine_speed(1, quiet=True) == first and measured["calls"] == 1  # cached
+    speed.machine_speed(2, quiet=True)  # another thread count: its own entry
+    assert measured["calls"] == 2
+    measured["load"] += speed.LOAD_TOLERANCE + 0.5  # the machine got busier: measured again
+    speed.machine_speed(1, quiet=True)
+    assert measured["calls"] == 3
+    monkeypatch.setattr(speed.time, "time", lambda: first.measured_at + speed.MAX_AGE_S + 1)  # too old
+    speed.machine_speed(1, quiet=True)
+    assert measured["calls"] == 4
+    (tmp_path / speed.CACHE_NAME).write_text("not json")  # a damaged cache: measured again
+    speed.machine_speed(1, quiet=True)
+    assert measured["calls"] == 5
+
+
+def test_a_grid_estimate_shares_the_cells_among_the_workers():
+    from ablate.grids import load_grid
+
+    s = speed.Speed(0.01, 0.0, float("inf"), 0.0, 0.0, 1, 0.0, 0.0, "m")
+    grid = load_grid("claim-prenorm-wins")
+    one = speed.grid_seconds(grid, 1, threads=1, speed=s)
+    assert one == pytest.approx(0.01 * grid.total_steps)
+    two = speed.grid_seconds(grid, 2, threads=1, speed=s)
+    assert one / 2 <= two < one / 2 * 1.1  # and the last cells do not share perfectly
+
+
+def test_contention_is_one_on_a_quiet_machine_and_grows_with_other_load(monkeypatch):
+    monkeypatch.setattr(speed.os, "cpu_count", lambda: 2)
+    quiet = speed.Speed(0.01, 0.0, 1e9, 0.0, 0.0, 1, 1.0, 0.0, "m")  # the calibration's own thread
+    assert speed.contention(quiet, 2, 1) == 1.0
+    busy = speed.Speed(0.01, 0.0, 1e9, 0.0, 0.0, 1, 5.0, 0.0, "m")  # 4 others: 2/5 of a core, then 2/6
+    assert speed.contention(busy, 2, 1) == pytest.approx(6 / 5)
+
+
+def test_a_real_calibration_measures_positive_figures(monkeypatch, tmp_path):
+    monkeypatch.setattr(speed, "POINTS", (("tiny", 1), ("tiny", 3), ("small", 1)))
+    monkeypatch.setattr(speed, "STEPS", 7)
+    monkeypatch.setattr(speed, "WARMUP", 2)
+    s = speed.calibrate(1)
+    assert s.step_s >= 0 and s.block_s >= 0 and s.flops_per_s > 0 and s.cell_s >= 0 and s.eval_ratio > 0
+    assert s.machine == speed.machine() and s.threads == 1
+
+
+def test_grid_dry_run_prints_the_measured_estimate(measured, capsys, tmp_path):
+    """(`ablate reproduce --list` prints the same figures: tests/test_claims.py runs it.)"""
+    grid = tmp_path / "g.toml"
+    grid.write_text('name = "g"\n[base]\nsteps = 20\n[axes]\nseed = [0, 1, 2]\n')
+    assert main(["grid", str(grid), "--dry-run", "--workers", "2", "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert "estimated time: about" in out and "with 2 local workers" in out
+    assert "calibrated on this machine just now" in out and measured["calls"] == 1
