@@ -120,7 +120,9 @@ def sentence(r: Result) -> str:
 
 
 def clause_line(i: int, c: ClauseResult) -> str:
-    p = f" (Holm-adjusted p = {_p(c.p_adjusted)})" if c.p_adjusted is not None else ""
+    exact = all(r.test is not None and r.test.name == "exact count" for r in c.results)
+    p = " (an exact count, no test)" if exact else \
+        f" (Holm-adjusted p = {_p(c.p_adjusted)})" if c.p_adjusted is not None else ""
     line = f"({LETTERS[i]}) {c.clause.label}: **{c.outcome}**{p}"
     if c.outcome == CANNOT_TELL:
         excluded = [x for x in (_excluded(r) for r in c.results) if x]
