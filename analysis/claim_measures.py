@@ -31,7 +31,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from ablate.analysis.load import DONE, Runs, layer_columns
+from ablate.analysis.load import Runs, layer_columns
 from ablate.analysis.outcomes import DIVERGED, FAILED, FAILED_TRAINING, SCORING_RULE
 from ablate.analysis.lr_sensitivity import DEFAULT_TOLERANCE, MIN_LRS, basin, lr_curve, per_seed_sensitivity
 
@@ -140,7 +140,7 @@ def _row_at(steps: pd.DataFrame, step: int, columns: list[str]) -> pd.Series:
         raise Missing(f"no row for step {step} in metrics.jsonl")
     row = rows.iloc[0]
     if not np.isfinite(row[columns].to_numpy(dtype=float)).all():
-        raise Missing(f"step {step} lacks a finite value of {columns[0].rsplit('_', 1)[0]}...")
+        raise Missing(f"step {step} has a non-finite value among {columns[0]} and its {len(columns) - 1} siblings")
     return row
 
 
@@ -150,7 +150,11 @@ def _need(columns: list[str], what: str) -> None:
 
 
 def _outcome(cell) -> str:
-    return str(cell.get("outcome", FAILED)) if hasattr(cell, "get") else FAILED
+    """The cell's training outcome; Missing when it has none (it did not finish)."""
+    outcome = str(cell.get("outcome", FAILED)) if hasattr(cell, "get") else FAILED
+    if outcome == FAILED:
+        raise Missing(f"cell {cell['cell_id']} did not finish (status {cell['status']})")
+    return outcome
 
 
 # ------------------------------------------------------------------------------- losses
@@ -159,8 +163,7 @@ def _outcome(cell) -> str:
 @measure("final_val_loss", "nats", "validation loss at the end of training (summary.json final_val_loss); a "
          "failed training run (plateaued or diverged) scores the unigram entropy: " + SCORING_RULE)
 def final_val_loss(ctx, cell, params) -> float:
-    if _outcome(cell) == FAILED:
-        raise Missing(f"cell {cell['cell_id']} did not finish (status {cell['status']})")
+    _outcome(cell)
     return float(cell["scored_loss"])
 
 
@@ -308,8 +311,7 @@ def block_change(ctx, cell, params) -> float:
 @measure("attn_logit_max", "log10 logit", "log10 of the largest attn_logit_max/layer_{i} over layers and logged "
          "steps (diverged cells: up to their divergence)")
 def attn_logit_max(ctx, cell, params) -> float:
-    if cell["status"] not in DONE:
-        raise Missing(f"cell {cell['cell_id']} did not finish (status {cell['status']})")
+    _outcome(cell)
     steps = ctx.steps(cell["cell_id"])
     columns = layer_columns(steps, "attn_logit_max")
     _need(columns, "attn_logit_max/layer_{i} (the stability probes)")
@@ -340,16 +342,12 @@ def act_rms_growth(ctx, cell, params) -> float:
 @measure("diverged", "share diverged", "1 when the run diverged (a non-finite or exploding loss), 0 when it "
          "completed (trained or plateaued)", test="binary")
 def diverged(ctx, cell, params) -> float:
-    if _outcome(cell) == FAILED:
-        raise Missing(f"cell {cell['cell_id']} did not finish (status {cell['status']})")
     return 1.0 if _outcome(cell) == DIVERGED else 0.0
 
 
 @measure("failed", "share failed", "1 when the training run failed (plateaued on the unigram entropy or "
          "diverged: analysis/outcomes.py), 0 when it trained", test="binary")
 def failed(ctx, cell, params) -> float:
-    if _outcome(cell) == FAILED:
-        raise Missing(f"cell {cell['cell_id']} did not finish (status {cell['status']})")
     return 1.0 if _outcome(cell) in FAILED_TRAINING else 0.0
 
 
