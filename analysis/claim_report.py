@@ -148,7 +148,8 @@ def verdict_section(verdict: Verdict, plots: dict | None = None) -> str:
             lines += [f"How it is tested: {c.clause.why}", ""]
         lines += [f"- {sentence(r)}" for r in c.results]
     if verdict.reported:
-        lines += ["", "### Shown beside the verdict, not deciding it", "", *[f"- {sentence(r)}" for r in verdict.reported]]
+        lines += ["", "### Shown beside the verdict, not deciding it", "",
+                  *[f"- {sentence(r)}" for r in verdict.reported]]
     if claim.scale_note:
         lines += ["", f"At this scale: {claim.scale_note}"]
     lines += ["", method_note(verdict)]
@@ -157,9 +158,9 @@ def verdict_section(verdict: Verdict, plots: dict | None = None) -> str:
 
 def method_note(verdict: Verdict) -> str:
     claim = verdict.claim
-    return (f"Method (analysis/claims.py states every rule, with its reference): units pair by seed (same seed = same initial weights "
-            f"and batches) and by every other axis the two sides share; several units of one seed are taken as "
-            f"independent. Each comparison's interval and p-value come from one test at alpha {claim.alpha:g}. A "
+    return (f"Method (analysis/claims.py states every rule, with its reference): units pair by seed (same seed = "
+            f"same initial weights and batches) and by every other axis the two sides share; several units of one "
+            f"seed are taken as independent. Each comparison's interval and p-value come from one test at alpha {claim.alpha:g}. A "
             f"clause agrees when every comparison in it points the claimed way (intersection-union: its p-value is "
             f"the largest of theirs); the {len(verdict.clauses)} clauses' p-values are "
             f"{CORRECTION.title()}-adjusted together. Failed training runs are counted: {SCORING_RULE}; a cell that "
@@ -222,7 +223,8 @@ def write_claim_report(claim: Claim, out: Path, full: bool = True) -> tuple[Path
 
 def write_index(entries: list[tuple[Claim, Path, Verdict | None]], path: Path) -> Path:
     """One section per claim: its verdict, a line per clause, its plots, a link to its report."""
-    lines = ["# Claims: verdicts", "", "Each claim's report has the full figures (its verdict section is at the top).", ""]
+    lines = ["# Claims: verdicts", "",
+             "Each claim's report has the full figures (its verdict section is at the top).", ""]
     for claim, out, verdict in entries:
         link = Path(os.path.relpath((out / "report.md").resolve(), path.parent.resolve())).as_posix()
         lines += [f"## {claim.name}: {verdict.text() if verdict else 'not run'}", "", f"> {claim.statement}", "",

@@ -129,7 +129,8 @@ def _init_loss(steps: pd.DataFrame) -> float:
 def cell_metrics(runs: Runs, last_k: int = DEFAULT_LAST_K, spike_z: float = DEFAULT_SPIKE_Z,
                  spike_window: int = DEFAULT_SPIKE_WINDOW) -> pd.DataFrame:
     """One row per cell: the cells frame plus final_loss, final_val_loss, init_loss, plateau,
-    outcome and scored_loss (analysis/outcomes.py), spikes, max_grad_norm, grad_ratio_{phase}, grad_cv_{phase}, rms_growth, rms_growth_per_layer."""
+    outcome and scored_loss (analysis/outcomes.py), spikes, max_grad_norm, grad_ratio_{phase},
+    grad_cv_{phase}, rms_growth, rms_growth_per_layer."""
     grad_columns = layer_columns(runs.steps, "grad_norm")
     act_columns = layer_columns(runs.steps, "act_norm")
     by_cell = dict(tuple(runs.steps.groupby("cell_id", sort=False))) if not runs.steps.empty else {}
@@ -163,7 +164,8 @@ def cell_metrics(runs: Runs, last_k: int = DEFAULT_LAST_K, spike_z: float = DEFA
             row["rms_growth"] = float(rms[-1] / rms[0]) if rms[0] > 0 else float("nan")
             row["rms_growth_per_layer"] = float(row["rms_growth"] ** (1 / (len(act_columns) - 1)))
         rows.append(row)
-    metric_columns = ["final_loss", "final_val_loss", "init_loss", "plateau", "outcome", "scored_loss", "spikes", "max_grad_norm",
+    metric_columns = ["final_loss", "final_val_loss", "init_loss", "plateau", "outcome", "scored_loss", "spikes",
+                      "max_grad_norm",
                       *[f"grad_{kind}_{phase}" for phase in PHASES for kind in ("ratio", "cv")],
                       "rms_growth", "rms_growth_per_layer"]
     metrics = pd.DataFrame(rows, columns=["cell_id", *metric_columns])

@@ -13,7 +13,6 @@ run stuck on that plateau is visible at a glance.
 from __future__ import annotations
 
 import functools
-import io
 import os
 import secrets
 import textwrap

@@ -168,7 +168,8 @@ def compare(ctx: Context, c: Compare, alpha: float, alpha_power: float) -> Resul
                 sides[side], best[side] = at_best_lr(sides[side], ctx.runs.varying_axes)
         key_axes = pairing_axes(ctx.runs, c, m, *sides.values())
         missing = {side: {} for side in sides}
-        values = {side: values_by_key(ctx, cells, key_axes, m, c.params, missing[side]) for side, cells in sides.items()}
+        values = {side: values_by_key(ctx, cells, key_axes, m, c.params, missing[side])
+                  for side, cells in sides.items()}
     except (MeasureUnavailable, SelectionError) as e:
         return Result(c, m.unit, note=str(e))
     a = values["a"]

@@ -84,7 +84,8 @@ def _block_change_cell(root, variant, seed, v):
 
 def _attn_cell(root, variant, seed, v):
     run = write_run(root, variant, seed)
-    add_metrics(run, {s: {"attn_logit_max/layer_0": 10 ** v / (4 - s), "attn_logit_max/layer_1": 1.0} for s in range(4)})
+    add_metrics(run, {s: {"attn_logit_max/layer_0": 10 ** v / (4 - s), "attn_logit_max/layer_1": 1.0}
+                      for s in range(4)})
 
 
 def _slope_cell(root, variant, seed, v):
@@ -278,7 +279,8 @@ def test_failure_counts_of_11_discordant_pairs_none_reversed_give_the_exact_p(tm
 def test_a_failure_rate_against_a_bound_is_an_exact_binomial_test(tmp_path):
     for s in range(18):
         write_run(tmp_path, PRE, s, losses=[4.0, 3.0], val_loss=3.35 if s == 0 else 2.5, unigram_entropy=3.4)
-    t = evaluate(claim_of("failed", expect="lower", than=0.25, a={"norm": "pre"}, effect=0.25), tmp_path).results[0].test
+    claim = claim_of("failed", expect="lower", than=0.25, a={"norm": "pre"}, effect=0.25)
+    t = evaluate(claim, tmp_path).results[0].test
     assert t.name == "exact binomial test" and t.estimate == pytest.approx(1 / 18)
     assert t.p_value == pytest.approx(scipy_stats.binomtest(1, 18, 0.25, alternative="less").pvalue)
     assert t.interval.high < 0.25 and t.side == "right"
@@ -467,7 +469,8 @@ def test_all_quick_fits_in_90_minutes():
 
 def test_reproduce_list_matches_the_shipped_claims(capsys):
     assert main(["reproduce", "--list"]) == 0
-    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("  ") and "grid" not in line[:30]]
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()
+            if line.startswith("  ") and "grid" not in line[:30]]
     listed = {row[0]: row for row in rows}
     assert set(listed) == set(CLAIMS)
     for name, claim in CLAIMS.items():
