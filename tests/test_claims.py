@@ -586,3 +586,14 @@ def test_verdict_and_index_replace_a_planted_link_instead_of_writing_through_it(
     write_index([(claim, tmp_path / "g", verdict)], tmp_path / "index.md")
     assert victim.read_text() == "keep"
     assert not (tmp_path / "g" / VERDICT_JSON).is_symlink() and not (tmp_path / "index.md").is_symlink()
+
+
+def test_the_claim_file_shown_in_the_docs_parses():
+    import re
+    import tomllib
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "claims.md").read_text()
+    block = re.search(r"```toml\n(.*?)```", text, re.S).group(1)
+    claim = parse_claim(tomllib.loads(block))
+    assert claim.clauses[0].compare[0].expect == "not_higher" and claim.clauses[0].compare[0].effect == 0.03
