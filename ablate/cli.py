@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import signal
 import sys
 import warnings
 
@@ -121,10 +122,28 @@ def main(argv: list[str] | None = None) -> int:
         raise
 
 
+_interrupted = []  # set once a SIGINT arrived while the program ran
+
+
+def _on_sigint(signum, frame) -> None:
+    _interrupted.append(signum)
+    raise KeyboardInterrupt
+
+
 def main_entry() -> None:
+    # A SIGINT can land inside a library's import, which some library catches and swallows,
+    # leaving a half-imported module whose next use fails with another error (numpy: "cannot load
+    # module more than once per process"). Once the user has interrupted, whatever follows is the
+    # interruption, not a failure of its own.
+    signal.signal(signal.SIGINT, _on_sigint)
     try:
         code = main()
     except KeyboardInterrupt:  # between the interpreter's start and main's own handlers
+        print("ablate: interrupted", file=sys.stderr)
+        code = 130
+    except Exception:
+        if not _interrupted:
+            raise
         print("ablate: interrupted", file=sys.stderr)
         code = 130
     sys.exit(code)
