@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import os
 import signal
 import sys
 import warnings
@@ -127,7 +128,18 @@ _interrupted = []  # set once a SIGINT arrived while the program ran
 
 def _on_sigint(signum, frame) -> None:
     _interrupted.append(signum)
+    if _importing(frame):  # raised here, it would land in import machinery that prints or swallows it
+        print("ablate: interrupted", file=sys.stderr, flush=True)
+        os._exit(130)  # as safe as the kill -9 every run folder survives
     raise KeyboardInterrupt
+
+
+def _importing(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def main_entry() -> None:
