@@ -13,8 +13,6 @@ run stuck on that plateau is visible at a glance.
 from __future__ import annotations
 
 import functools
-import os
-import secrets
 import textwrap
 import warnings
 from dataclasses import dataclass, field
@@ -36,6 +34,7 @@ from scipy import stats as scipy_stats  # noqa: E402
 from ablate.analysis.labels import label_of, short_labels  # noqa: E402
 from ablate.analysis.load import SETTING_KEYS, VARIANT_AXES, layer_columns  # noqa: E402
 from ablate.analysis.metrics import PHASES  # noqa: E402
+from ablate.analysis.safe_files import replace_atomic  # noqa: E402
 
 PANEL_SIZE = (4.6, 3.2)  # inches per facet panel
 DIVERGED_COLOUR = "#d62728"
@@ -237,21 +236,12 @@ def _grid(n_rows: int, n_cols: int, sharey: bool = False, **layout):
 
 
 def save_figure(fig: plt.Figure, path: Path, dpi: int | None = None) -> Path:
-    """Write the figure to `path` without following a link there: into a fresh temporary
-    beside it (O_EXCL | O_NOFOLLOW), renamed over `path` (a rename replaces a link, not its
-    target), as ablate/rundir.py's replace_atomic does for the engine's files."""
+    """Write the figure to `path` without following a link there (safe_files.replace_atomic:
+    a fresh temporary renamed over `path`)."""
     path = Path(path)
-    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            # A light PNG compression: the default level takes seconds on a tall grid of panels.
-            extra = {"pil_kwargs": {"compress_level": 1}} if path.suffix == ".png" else {}
-            fig.savefig(f, format=path.suffix.lstrip("."), dpi=dpi, **extra)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    # A light PNG compression: the default level takes seconds on a tall grid of panels.
+    extra = {"pil_kwargs": {"compress_level": 1}} if path.suffix == ".png" else {}
+    replace_atomic(path, lambda f: fig.savefig(f, format=path.suffix.lstrip("."), dpi=dpi, **extra), fsync=False)
     return path
 
 
