@@ -31,6 +31,7 @@ COMMANDS = {
     "grid": "run every cell of an ablation grid",
     "report": "plots and report.md for a grid or a run",
     "reproduce": "reproduce a published experiment end to end",
+    "ladder": "a claim at a ladder of model sizes: does it hold at scale?",
     "export": "export runs to TensorBoard or W&B (offline); again adds only what is new",
     "status": "the state of a grid running anywhere: counts, steps, time left",
     "kernels": "check or benchmark the kernel backends",
@@ -39,7 +40,7 @@ COMMANDS = {
 
 
 # Commands that build or read variants take `--import MODULE_OR_FILE` (ablate/plugins.py).
-PLUGIN_COMMANDS = ("variants", "train", "grid", "reproduce", "bench")
+PLUGIN_COMMANDS = ("variants", "train", "grid", "reproduce", "ladder", "bench")
 
 
 def _command_module(name: str):

@@ -112,6 +112,8 @@ class TrainConfig:
     # -- the model
     model: str = _opt("tiny", "size: " + ", ".join(SIZES), choices=lambda: list(SIZES))
     layers: int | None = _opt(None, "number of blocks (default: the size's)", check=_at_least(1))
+    width: int | None = _opt(None, "d_model (default: the size's); heads grow with it at the size's head dimension",
+                             check=_at_least(1))
     mlp_ratio: float = _opt(4.0, "dense MLP width / d_model (gated MLPs: 2/3 of it, parameter-matched)",
                             check=_positive)
     init: str | None = _opt(None, "weight init (default: the placement's own, gpt2 but deepnet for deepnorm)",
@@ -171,7 +173,7 @@ class TrainConfig:
 
     @cached_property
     def size(self) -> ModelSize:
-        return get_size(self.model).with_layers(self.layers).with_mlp_ratio(self.mlp_ratio)
+        return get_size(self.model).with_layers(self.layers).with_width(self.width).with_mlp_ratio(self.mlp_ratio)
 
     @property
     def context(self) -> int:
@@ -281,6 +283,7 @@ def _check(cfg: TrainConfig, given: set[str], strict: bool) -> None:
             raise ConfigError(message)
 
     ctx = get_size(cfg.model).context
+    cfg.size  # noqa: B018 -- the width must divide into the size's heads: refused here, not at model build
     need(cfg.seq_len is None or cfg.seq_len <= ctx, f"seq_len {cfg.seq_len} must be in 1..{ctx} for model {cfg.model}")
     tokens = cfg.batch_size * cfg.context
     need(tokens <= MAX_TOKENS_PER_STEP,
@@ -328,6 +331,8 @@ def is_default(cfg: TrainConfig, key: str) -> bool:
         return value is None or value == get_size(cfg.model).context
     if key == "layers":
         return value is None or value == get_size(cfg.model).n_layer
+    if key == "width":
+        return value is None or value == get_size(cfg.model).d_model
     if key == "init":
         return value is None or value == default_init(cfg.spec)
     return value == OPTIONS[key].default

@@ -328,6 +328,8 @@ def _effective(cfg: TrainConfig, key: str) -> Any:
         return cfg.spec.id
     if key == "layers":
         return cfg.size.n_layer
+    if key == "width":
+        return cfg.size.d_model
     if key == "seq_len":
         return cfg.context
     return getattr(cfg, key)
@@ -351,7 +353,7 @@ def _matches(cfg: TrainConfig, entry: Mapping[str, Any], seed: int) -> bool:
                     return False
             except VariantError:
                 return False
-        elif key in ("layers", "seq_len"):
+        elif key in ("layers", "width", "seq_len"):
             if value is not None and _effective(cfg, key) != value:
                 return False
         elif _effective(cfg, key) != value:

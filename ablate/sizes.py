@@ -29,6 +29,20 @@ class ModelSize:
             raise ConfigError(f"layers {n_layer} must be at least 1")
         return replace(self, n_layer=n_layer)
 
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    def with_width(self, width: int | None) -> "ModelSize":
+        """The same shape at another d_model: the head dimension stays the size's (tiny: 16) and the
+        heads grow with the width, as GPT-2's and most ladders' sizes do (ablate ladder scales this)."""
+        if width is None or width == self.d_model:
+            return self
+        if width < 1 or width % self.head_dim:
+            raise ConfigError(f"width {width} must be a positive multiple of the head dimension {self.head_dim} "
+                              f"of model {self.name}; valid: {', '.join(str(self.head_dim * k) for k in (1, 2, 4, 8))}, ...")
+        return replace(self, d_model=width, n_head=width // self.head_dim)
+
     def with_mlp_ratio(self, ratio: float) -> "ModelSize":
         return self if ratio == self.mlp_ratio else replace(self, mlp_ratio=ratio)
 

@@ -150,7 +150,7 @@ def run_config(cell, cfg: TrainConfig, size: ModelSize, data: TokenData, device:
 
 # Options compared by what they resolve to rather than as spelled: `--variant post-ln` and
 # `--norm post` are one variant, `auto` is whatever it picked, the data is its token stream.
-RESOLVED = ("variant", *AXES, "layers", "init", "data", "kernels", "device", "dtype")
+RESOLVED = ("variant", *AXES, "layers", "width", "init", "data", "kernels", "device", "dtype")
 
 
 def _identity(config: dict) -> dict[str, Any]:
@@ -162,6 +162,7 @@ def _identity(config: dict) -> dict[str, Any]:
     ident = {k: train.get(k, OPTIONS[k].default) for k in OPTIONS if k not in NOT_COMPARED + RESOLVED}
     model = config.get("model", {})
     resolved = {"variant": config.get("variant", {}).get("id"), "layers": model.get("n_layer"),
+                "width": model.get("d_model"),
                 "init": model.get("init"), "data": config.get("data", {}).get("fingerprint"),
                 "kernels": config.get("kernels"), "device": config.get("device"), "dtype": config.get("dtype")}
     ident.update({k: v for k, v in resolved.items() if v is not None})  # a key an older config lacks is not compared

@@ -59,7 +59,7 @@ The rules (alpha 0.05 unless the claim sets `alpha`):
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -271,3 +271,19 @@ def check_against_grid(claim: Claim, cells: pd.DataFrame) -> None:
                 if have < least:
                     _fail(here, f"measure {c.measure!r} cannot vary on this grid: side {side} has {have} value(s) of "
                                 f"{axis}, it needs at least {least}")
+
+
+def claim_at_rates(claim: Claim, rates: dict[float, float]) -> Claim:
+    """The claim with every `lr` its comparisons select mapped as `rates` says (a ladder's rung
+    runs the claim's grid at other rates: ablate/ladder.py)."""
+    def sel(d: dict | None) -> dict | None:
+        if d is None or "lr" not in d:
+            return d
+        v = d["lr"]
+        return {**d, "lr": [rates.get(float(x), x) for x in v] if isinstance(v, list) else rates.get(float(v), v)}
+
+    def cmp(c):
+        return replace(c, a=sel(c.a), b=sel(c.b), at=sel(c.at))
+
+    clauses = tuple(replace(cl, compare=tuple(cmp(c) for c in cl.compare)) for cl in claim.clauses)
+    return replace(claim, clauses=clauses, report=tuple(cmp(c) for c in claim.report))

@@ -31,6 +31,11 @@ def add_arguments(p) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override an option in every cell, e.g. --set steps=5 (repeatable)")
     p.add_argument("--kernels", metavar="K", help="kernel backend for every cell: reference, triton, cuda or auto")
+    add_execution_arguments(p)
+
+
+def add_execution_arguments(p) -> None:
+    """The flags of ExecutionOptions (ablate.grid_runner), one per field: where and how cells run."""
     p.add_argument("--backend", choices=BACKENDS, default="local", help="where cells run (default local)")
     p.add_argument("--workers", type=int, metavar="N",
                    help="local: cells at once, each in its own process (default: one per GPU x --cells-per-gpu, "

@@ -1,0 +1,269 @@
+"""`ablate ladder CLAIM... | GRID | all`: a claim's grid at a ladder of model sizes (ablate/ladder.py
+says what scales and how the learning rates transfer), the clause verdicts per rung, and the
+effects across sizes with a trend and its prediction at ANDREA-120M (analysis/ladder.py).
+`--backtest` also holds out each ladder's largest rung, predicts it from the smaller ones and
+scores the prediction. Output: runs/ladders/NAME[-full]/ (a folder per rung, ladder.md,
+ladder.json, plots/); with several claims, backtest.md in the root.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from ablate.errors import ConfigError
+
+DEFAULT_ROOT = Path("runs") / "ladders"
+LADDER_JSON = "ladder.json"
+GRIDS_DIR = "grids"
+
+
+def add_arguments(p) -> None:
+    from ablate.commands.grid import add_execution_arguments
+
+    p.add_argument("names", nargs="+", metavar="CLAIM|GRID",
+                   help="claims (see `ablate reproduce --list`), `all`, or one grid file with two arms")
+    p.add_argument("--widths", default=",".join(str(w) for w in _cpu_widths()),
+                   help="the rungs' widths (d_model) on the CPU, at least 3 (default %(default)s)")
+    p.add_argument("--full", action="store_true",
+                   help="GPU-sized: the grid's [scales.gpu] at widths 192 and 384 (medium) and ANDREA-120M")
+    p.add_argument("--backtest", action="store_true",
+                   help="also predict each ladder's largest rung from the smaller ones and score the prediction")
+    p.add_argument("--dry-run", action="store_true", help="print the rungs, their rates, cells and estimated time; "
+                                                         "train and write nothing")
+    p.add_argument("--out", type=Path, help="output root (default runs/ladders; a claim's ladder in NAME[-full]/)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override an option in every cell")
+    p.add_argument("--trust-imports", action="store_true", help="run a grid file's `imports` (see `ablate grid`)")
+    add_execution_arguments(p)
+
+
+def _cpu_widths():
+    from ablate.ladder import CPU_WIDTHS
+
+    return CPU_WIDTHS
+
+
+# ------------------------------------------------------------------------------- planning
+
+
+class LadderPlan:
+    """One claim's ladder, checked before anything is written: the grid file's data, the rungs
+    (with the rates they would get before any shift), their loaded grids and sizes."""
+
+    def __init__(self, claim, source: Path, scale: str, overrides: dict, widths: list[int], full: bool,
+                 imports_policy: str, out: Path):
+        from ablate.grids import load_grid
+        from ablate.ladder import grid_rates, read_grid_data, rungs_for, sweep_step, with_rates
+
+        self.claim, self.source, self.scale, self.overrides, self.out = claim, source, scale, overrides, out
+        self.imports_policy = imports_policy
+        self.data = read_grid_data(source)
+        self.lrs = grid_rates(self.data)
+        own = load_grid(source, scale, overrides, imports_policy)
+        ref = _base_config(own)
+        self.ref_width = ref.size.d_model
+        self.step = sweep_step(sorted(own.axes.get("lr", [])))
+        self.rungs = [with_rates(r, self.lrs) for r in rungs_for(widths, self.ref_width, full, None)]
+        self.grids = [self.load(r) for r in self.rungs]  # every rung refused now, not half-way
+        self.sizes = [nonembedding_params(_base_config(g)) for g in self.grids]
+        self.targets = _targets(ref, self.rungs[-1].width, self.sizes[-1])
+
+    def grid_file(self, rung) -> Path:
+        return self.out / GRIDS_DIR / f"{rung.name}.toml"
+
+    def load(self, rung, write: bool = False):
+        """The rung's grid, from its grid file (written first when `write`; else a temporary)."""
+        import tempfile
+
+        from ablate.grid_runner import check_grid
+        from ablate.grids import load_grid
+        from ablate.analysis.claims import claim_at_rates
+        from ablate.ladder import rung_grid_text
+        from ablate.commands.reproduce import check_claim_grid
+
+        text = rung_grid_text(self.data, rung, self.source)
+        if write:
+            path = self.grid_file(rung)
+            _write_text(path, text)
+            grid = load_grid(path, self.scale, {**self.overrides, **rung.options}, self.imports_policy)
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / f"{rung.name}.toml"
+                path.write_text(text)
+                grid = load_grid(path, self.scale, {**self.overrides, **rung.options}, self.imports_policy)
+        check_grid(grid, self.out / rung.name)
+        check_claim_grid(claim_at_rates(self.claim, rung.rates), grid)
+        return grid
+
+
+def _base_config(grid):
+    """The config of the grid's first cell: its model size is the rung's."""
+    return grid.configs.setting(grid.cells[0].id)
+
+
+def nonembedding_params(cfg) -> int:
+    """Parameters but the token and position embeddings (Kaplan et al. 2020's N)."""
+    from ablate.model import build_model
+
+    model = build_model(cfg.spec, cfg.size, device="meta")
+    return sum(p.numel() for n, p in model.named_parameters() if n not in ("wte.weight", "wpe.weight"))
+
+
+def _targets(ref_cfg, top_width: int, top_size: int) -> dict:
+    """The sizes the trend is extrapolated to: one rung up (twice the top width) and ANDREA-120M,
+    with the claim's block."""
+    from dataclasses import replace
+
+    from ablate.ladder import TARGET_MODEL
+    from ablate.sizes import get_size
+
+    up = replace(ref_cfg, width=top_width * 2, model=ref_cfg.model)
+    andrea = replace(ref_cfg, model=TARGET_MODEL, width=None, layers=None)
+    return {f"w{top_width * 2}": nonembedding_params(up), TARGET_MODEL: nonembedding_params(andrea),
+            "_andrea_layers": get_size(TARGET_MODEL).n_layer}
+
+
+def _write_text(path: Path, text: str) -> None:
+    from ablate.analysis.safe_files import replace_atomic
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    replace_atomic(path, lambda f: f.write(text.encode()))
+
+
+# -------------------------------------------------------------------------------- running
+
+
+def estimate(plan: LadderPlan, workers: int, full: bool) -> list[str]:
+    from ablate.commands.reproduce import estimate_gpu_hours, quick_seconds
+
+    lines, total = [], 0.0
+    for rung, grid, size in zip(plan.rungs, plan.grids, plan.sizes):
+        if full:
+            hours = estimate_gpu_hours(grid)
+            total += hours
+            cost = f"{hours:.2f} GPU-hours at least"
+        else:
+            seconds = quick_seconds(grid, max(1, workers))
+            total += seconds
+            cost = f"about {seconds / 60:.1f} min"
+        rates = ", ".join(f"{r:g}" for r in sorted(set(grid.axes.get("lr", [grid.base.get("lr")]))))
+        lines.append(f"  {rung.name:<6} width {rung.width:<5} {size:>11,} params (non-embedding)  lr x "
+                     f"{rung.rate_factor:.3g}: {rates}  {len(grid.cells)} cells  {cost}")
+    if full:
+        from ablate.commands.reproduce import ASSUMED_MFU, ASSUMED_PEAK_FLOPS
+
+        what = (f"{total:.2f} GPU-hours at least, at {ASSUMED_MFU:.0%} of a {ASSUMED_PEAK_FLOPS / 1e12:.0f} TFLOP/s "
+                "bf16 GPU (small models reach less, so expect more)")
+    else:
+        what = (f"about {total / 60:.1f} min with {max(1, workers)} cells at once, at this machine's speed measured "
+                "under its present load")
+    lines.append(f"  total: {what}; before any move of a rung's sweep")
+    return lines
+
+
+def run_ladder(plan: LadderPlan, options, quiet: bool) -> tuple[int, dict]:
+    """Run the rungs smallest first, each rung's sweep placed from the rung below's verdict; then
+    the ladder's report. Returns (worst exit status, the ladder's summary)."""
+    from ablate.analysis.claim_report import write_claim_report
+    from ablate.analysis.ladder import write_ladder_report
+    from ablate.grid_runner import run_grid
+    from ablate.analysis.claims import claim_at_rates
+    from ablate.ladder import shift_toward_edges, with_rates
+
+    worst, shift, record = 0, 1.0, []
+    t0 = time.time()
+    for base_rung, size in zip(plan.rungs, plan.sizes):
+        rung = with_rates(base_rung, plan.lrs, shift)
+        grid = plan.load(rung, write=True)
+        folder = plan.out / rung.name
+        print(f"{plan.claim.name} rung {rung.name}: width {rung.width}, lr x {rung.rate_factor:.3g}, "
+              f"{len(grid.cells)} cells -> {folder}", flush=True)
+        status = run_grid(grid, folder, options)
+        worst = max(worst, status)
+        if status == 2:
+            return status, {}
+        rung_claim = claim_at_rates(plan.claim, rung.rates)
+        _, verdict = write_claim_report(rung_claim, folder)
+        print(f"  {rung.name}: {verdict.text()}", flush=True)
+        record.append({"name": rung.name, "options": rung.options, "width": rung.width,
+                       "rate_factor": rung.rate_factor, "rates": {f"{k:g}": v for k, v in rung.rates.items()},
+                       "size": size, "folder": rung.name, "grid_file": str(plan.grid_file(rung).relative_to(plan.out))})
+        shift *= shift_toward_edges(_best_picks(verdict, grid), plan.step)
+    ladder = {"claim": plan.claim.name, "source": str(plan.source), "scale": plan.scale, "rungs": record,
+              "targets": plan.targets, "seconds": round(time.time() - t0, 1)}
+    _write_text(plan.out / LADDER_JSON, json.dumps(ladder, indent=2) + "\n")
+    summary = write_ladder_report(plan.claim, plan.out)
+    return worst, summary
+
+
+def _best_picks(verdict, grid) -> list[tuple[float, float, float]]:
+    rates = sorted(grid.axes.get("lr", []))
+    if not rates:
+        return []
+    return [(lr, rates[0], rates[-1]) for r in [*verdict.results, *verdict.reported] if r.compare.best_lr
+            for picks in r.best.values() for _, lr, _ in picks]
+
+
+# ------------------------------------------------------------------------------ the command
+
+
+def _claims_and_sources(names: list[str]):
+    """[(claim, grid file)] for claim names, `all`, or one grid file (a two-arm claim made for it)."""
+    from ablate.commands.reproduce import ALL, shipped_claims
+    from ablate.grids import find_grid, load_grid
+    from ablate.ladder import two_arm_claim
+
+    claims = shipped_claims()
+    if names == [ALL]:
+        return [(c, find_grid(c.grid)) for c in claims.values()]
+    out = []
+    for name in names:
+        if name in claims:
+            out.append((claims[name], find_grid(claims[name].grid)))
+        elif name.endswith(".toml") or Path(name).is_file():
+            path = find_grid(name)
+            out.append((two_arm_claim(load_grid(path), str(path)), path))
+        else:
+            raise ConfigError(f"unknown claim {name!r}; valid: {', '.join([*claims, ALL])}, or a grid file with two arms")
+    return out
+
+
+def run(args) -> int:
+    from ablate.commands.reproduce import quick_workers
+    from ablate.grid_runner import ExecutionOptions
+    from ablate.grids import REFUSE_IMPORTS, RUN_IMPORTS, parse_overrides
+    from ablate.ladder import parse_widths
+
+    if args.workers is None:
+        args.workers = 1 if args.full else quick_workers()
+    options = ExecutionOptions.from_args(args)
+    overrides = parse_overrides(args.set)
+    widths = parse_widths(args.widths)
+    scale = "gpu" if args.full else "cpu"
+    root = args.out or DEFAULT_ROOT
+    policy = RUN_IMPORTS if args.trust_imports else REFUSE_IMPORTS
+    pairs = _claims_and_sources(args.names)
+    suffix = "-full" if args.full else ""
+    plans = [LadderPlan(claim, source, scale, overrides, widths, args.full, policy,
+                        root / f"{claim.name}{suffix}") for claim, source in pairs]  # all checked first
+    for plan in plans:
+        print(f"{plan.claim.name}: ladder of {len(plan.rungs)} rungs -> {plan.out}")
+        print("\n".join(estimate(plan, args.workers, args.full)), flush=True)
+    if args.dry_run:
+        return 0
+    worst, summaries = 0, []
+    for plan in plans:
+        status, summary = run_ladder(plan, options, args.quiet)
+        worst = max(worst, status)
+        if summary:
+            summaries.append(summary)
+            print(f"{plan.claim.name}: {summary['sentence_count']} clause(s); report: {plan.out / 'ladder.md'}")
+            for line in summary["sentences"]:
+                print(f"  {line}", flush=True)
+    if args.backtest and summaries:
+        from ablate.analysis.ladder import write_backtest
+
+        path, lines = write_backtest(summaries, root / f"backtest{suffix}.md")
+        print("\n".join(lines))
+        print(f"backtest: {path}")
+    return worst

@@ -1,0 +1,218 @@
+"""`ablate ladder`: the rungs and their rate transfer (ablate/ladder.py), the per-clause effects
+across sizes and the backtest (analysis/ladder.py), bad input, and a miniature 3-rung ladder
+end to end with a kill -9 half-way."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import tomllib
+
+import pytest
+
+from ablate.analysis import ladder as L
+from ablate.analysis.claims import claim_at_rates
+from ablate.analysis.verdict import AGREES, CANNOT_TELL, DISAGREES
+from ablate.cli import main
+from ablate.errors import ConfigError
+from ablate.grids import find_grid, shipped_grids
+from ablate import ladder
+
+
+# ------------------------------------------------------------------------ rates and rungs
+
+
+def test_rates_transfer_as_one_over_width_from_the_grids_own_width():
+    rungs = ladder.rungs_for([128, 32, 64], ref_width=64)
+    assert [r.name for r in rungs] == ["w32", "w64", "w128"]  # smallest first, whatever the order given
+    assert [r.rate_factor for r in rungs] == [2.0, 1.0, 0.5]
+    w32 = ladder.with_rates(rungs[0], [1e-3, 3e-3, 1e-2])
+    assert w32.rates == {1e-3: 0.002, 3e-3: 0.006, 1e-2: 0.02}
+    shifted = ladder.with_rates(rungs[0], [1e-3, 1e-2], shift=10 ** 0.5)
+    assert shifted.rates == {1e-3: ladder.sig3(2e-3 * 10 ** 0.5), 1e-2: ladder.sig3(2e-2 * 10 ** 0.5)}
+
+
+def test_the_sweep_moves_one_step_toward_an_edge_only_when_a_best_rate_sits_there():
+    step = ladder.sweep_step([1e-3, 3e-3, 1e-2])
+    assert step == pytest.approx(10 ** 0.5, rel=0.06)
+    assert ladder.shift_toward_edges([(1e-2, 1e-3, 1e-2), (3e-3, 1e-3, 1e-2)], step) == step  # one arm at the top
+    assert ladder.shift_toward_edges([(1e-3, 1e-3, 1e-2)], step) == 1 / step  # at the bottom
+    assert ladder.shift_toward_edges([(1e-3, 1e-3, 1e-2), (1e-2, 1e-3, 1e-2)], step) == 1.0  # both ends: stay
+    assert ladder.shift_toward_edges([(3e-3, 1e-3, 1e-2)], step) == 1.0 and ladder.shift_toward_edges([], step) == 1.0
+
+
+def test_a_claims_selected_rates_follow_its_rung():
+    from ablate.commands.reproduce import find_claim
+
+    claim = find_claim("qk-norm")
+    mapped = claim_at_rates(claim, {3e-2: 0.06, 1e-1: 0.2, 1e-3: 0.002, 1e-2: 0.02})
+    assert mapped.clauses[0].compare[0].at["lr"] == [0.06, 0.2]
+    assert claim.clauses[0].compare[0].at["lr"] == [3e-2, 1e-1]  # the claim itself is unchanged
+
+
+@pytest.mark.parametrize("name", sorted(shipped_grids()))
+def test_every_shipped_grid_is_written_back_as_the_same_toml(name):
+    data = ladder.read_grid_data(find_grid(name))
+    identity = {lr: lr for lr in ladder.grid_rates(data)}
+    assert tomllib.loads(ladder.toml_text(ladder.scaled(data, identity), "header")) == data
+
+
+def test_a_rung_grid_scales_every_rate_and_names_itself(tmp_path):
+    data = ladder.read_grid_data(find_grid("claim-prenorm-wins"))
+    rung = ladder.with_rates(ladder.rungs_for([32, 64, 128], 64)[0], ladder.grid_rates(data))
+    text = ladder.rung_grid_text(data, rung, find_grid("claim-prenorm-wins"))
+    written = tomllib.loads(text)
+    assert written["name"] == "claim-prenorm-wins-w32"
+    assert written["axes"]["lr"] == [0.002, 0.02, 0.06] and written["base"]["lr"] == 0.002
+
+
+# ---------------------------------------------------------------------------- bad input
+
+
+def _refused(capsys, tmp_path, *argv):
+    out = tmp_path / "ladders"
+    assert main(["ladder", *argv, "--out", str(out), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0]
+    assert not out.exists()
+    return err[0]
+
+
+def test_fewer_than_three_rungs_is_one_line(capsys, tmp_path):
+    assert "at least 3" in _refused(capsys, tmp_path, "swiglu", "--widths", "32,64")
+
+
+def test_a_width_the_heads_cannot_take_is_one_line(capsys, tmp_path):
+    assert "width 40" in _refused(capsys, tmp_path, "swiglu", "--widths", "32,40,64")
+
+
+def test_an_unknown_claim_and_a_grid_without_two_arms_are_one_line(capsys, tmp_path):
+    assert "unknown claim 'nope'" in _refused(capsys, tmp_path, "nope")
+    grid = tmp_path / "three.toml"
+    grid.write_text('[axes]\nact = ["gelu", "relu", "silu"]\nseed = [0, 1]\n')
+    assert "two arms" in _refused(capsys, tmp_path, str(grid))
+
+
+def test_widths_that_are_not_numbers_are_one_line(capsys, tmp_path):
+    assert "--widths" in _refused(capsys, tmp_path, "swiglu", "--widths", "32,x,64")
+
+
+# ----------------------------------------------------------------- effects and backtest
+
+
+def _clause(label, effects, null=0.0, sign=-1, verdict=AGREES, se=0.01):
+    rows = [{"rung": f"w{i}", "size": 10 ** (4 + i), "effect": e, "low": e - 2 * se, "high": e + 2 * se,
+             "se": se, "n": 5, "verdict": verdict, "best_lr": "", "multiplier": None}
+            for i, e in enumerate(effects)]
+    clause = {"label": label, "measure": "final_val_loss", "null": null, "expected_sign": sign, "rows": rows}
+    clause.update(L.trend_and_sentence(rows, null, sign, {"next": 1e8}, 0.05))
+    clause["backtest"] = L.backtest_clause(clause, 0.05)
+    return clause
+
+
+def test_sentences_say_whether_the_effect_holds_and_how_it_moves():
+    assert _clause("a", [-0.1, -0.2, -0.3])["sentence"] == "holds at every size, growing"
+    assert _clause("a", [-0.3, -0.2, -0.1])["sentence"] == "holds at every size, shrinking"
+    assert _clause("a", [-0.1, 0.05, 0.1])["sentence"].startswith("changes sign between 10k and 100k")
+    assert _clause("a", [0.01, 0.04, 0.02], se=0.05)["sentence"] == "goes the other way at every size, flat"
+
+
+def test_backtest_bookkeeping_on_rungs_whose_right_answers_are_known():
+    exact_line = _clause("line", [-0.1, -0.2, -0.3])  # predicted -0.3 from the first two: right
+    flips = _clause("flips", [-0.2, -0.1, 0.3], verdict=DISAGREES)  # predicted 0.0: sign wrong, cannot tell
+    noisy = _clause("noisy", [-0.1, -0.1, -0.1], verdict=CANNOT_TELL, se=0.2)  # wide: cannot tell, right
+    assert exact_line["backtest"]["sign_right"] and exact_line["backtest"]["predicted_verdict"] == AGREES
+    assert exact_line["backtest"]["covered"] and exact_line["backtest"]["error"] == pytest.approx(0.0, abs=1e-9)
+    assert not flips["backtest"]["sign_right"] and not flips["backtest"]["covered"]
+    assert noisy["backtest"]["predicted_verdict"] == CANNOT_TELL and noisy["backtest"]["verdict_right"]
+    summaries = [{"claim": "c1", "clauses": [exact_line, flips], "seconds": 60},
+                 {"claim": "c2", "clauses": [noisy], "seconds": 60}]
+    rows = L.backtest_rows(summaries)
+    assert [r["clause"] for r in rows] == ["line", "flips", "noisy"]
+    assert sum(r["sign_right"] for r in rows) == 2 and sum(r["verdict_right"] for r in rows) == 2
+
+
+def test_the_backtest_table_states_the_accuracies(tmp_path):
+    summaries = [{"claim": "c1", "clauses": [_clause("line", [-0.1, -0.2, -0.3]),
+                                             _clause("flips", [-0.2, -0.1, 0.3], verdict=DISAGREES)], "seconds": 90}]
+    path, lines = L.write_backtest(summaries, tmp_path / "backtest.md")
+    text = path.read_text()
+    assert "Decision accuracy (sign of the effect predicted right): 1 of 2" in text
+    assert "verdict predicted right: 1 of 2" in text and "run time 1.5 min" in text
+
+
+def test_a_count_is_counted_at_every_rung_not_fitted():
+    rows = [{"rung": "w1", "size": 1e4, "effect": 152.0, "se": 0.0, "n": 3},
+            {"rung": "w2", "size": 1e5, "effect": 600.0, "se": 0.0, "n": 3}]
+    out = L.counted_sentence(rows, 0.0, -1)
+    assert out["trend"] is None and out["sentence"].startswith("goes the other way at every size")
+    assert L.backtest_clause({"exact": True, "rows": rows}, 0.05) is None
+
+
+# --------------------------------------------------------------------- end to end
+
+
+MINI = """
+name = "mini"
+[base]
+model = "tiny"
+layers = 1
+steps = 6
+eval_every = 2
+warmup = 0
+batch_size = 4
+probes = false
+[axes]
+act = ["gelu", "relu"]
+lr = [1e-3, 1e-2]
+seed = [0, 1]
+"""
+
+
+def _ladder(path, out):
+    return subprocess.Popen([sys.executable, "-m", "ablate", "ladder", str(path), "--widths", "16,32,48",
+                             "--workers", "1", "--quiet", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def test_a_three_rung_ladder_survives_kill_9_and_reports_every_clause(tmp_path):
+    path = tmp_path / "mini.toml"
+    path.write_text(textwrap.dedent(MINI))
+    out = tmp_path / "ladders"
+    proc = _ladder(path, out)
+    second = out / "mini" / "w32"
+    deadline = time.time() + 600
+    while time.time() < deadline and not any(second.glob("*/metrics.jsonl")) and proc.poll() is None:
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()[0]
+    os.killpg(proc.pid, signal.SIGKILL)  # the ladder and its worker, mid-way through the second rung
+    proc.wait()
+    first = {p.name: p.stat().st_mtime_ns for p in (out / "mini" / "w16").glob("*/summary.json")}
+    assert len(first) == 8 and not (out / "mini" / L.REPORT_MD).exists()
+
+    rerun = _ladder(path, out)
+    text = rerun.communicate(timeout=900)[0]
+    assert rerun.returncode == 0, text
+    assert first == {p.name: p.stat().st_mtime_ns for p in (out / "mini" / "w16").glob("*/summary.json")}
+    for rung in ("w16", "w32", "w48"):
+        assert len(list((out / "mini" / rung).glob("*/summary.json"))) == 8
+    result = json.loads((out / "mini" / L.RESULT_JSON).read_text())
+    assert [r["name"] for r in result["rungs"]] == ["w16", "w32", "w48"]
+    clause = result["clauses"][0]
+    assert len(clause["rows"]) == 3 and all(r["n"] == 2 for r in clause["rows"])
+    assert clause["trend"] is not None and "andrea-120m" in clause["predictions"]
+    assert "mini" in text and "act gelu below relu" in text
+    assert (out / "mini" / "plots" / "ladder_effects.png").stat().st_size > 1000
+    assert (out / "mini" / "plots" / "ladder_lr.png").stat().st_size > 1000
+
+
+def test_the_width_option_keeps_the_head_dimension():
+    from ablate.config import is_default, resolve
+
+    cfg = resolve({"width": 32})
+    assert (cfg.size.d_model, cfg.size.n_head, cfg.size.head_dim) == (32, 2, 16)
+    assert is_default(resolve({"width": 64}), "width") and not is_default(cfg, "width")
+    with pytest.raises(ConfigError, match="width 24 must be a positive multiple of the head dimension 16"):
+        resolve({"width": 24})
