@@ -216,3 +216,11 @@ def test_the_width_option_keeps_the_head_dimension():
     assert is_default(resolve({"width": 64}), "width") and not is_default(cfg, "width")
     with pytest.raises(ConfigError, match="width 24 must be a positive multiple of the head dimension 16"):
         resolve({"width": 24})
+
+
+def test_a_size_the_data_cannot_feed_is_one_line(capsys, tmp_path):
+    data = tmp_path / "short.txt"
+    data.write_text("a short text, far shorter than two context windows of 64 tokens.\n")
+    grid = tmp_path / "two.toml"
+    grid.write_text(f'[base]\ndata = "{data}"\n[axes]\nact = ["gelu", "relu"]\nseed = [0, 1]\n')
+    assert "shorter than one context window" in _refused(capsys, tmp_path, str(grid))

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from ablate.errors import ConfigError
+from ablate.rundir import SUMMARY
 
 DEFAULT_ROOT = Path("runs") / "ladders"
 LADDER_JSON = "ladder.json"
@@ -65,6 +66,8 @@ class LadderPlan:
         self.step = sweep_step(sorted(own.axes.get("lr", [])))
         self.rungs = [with_rates(r, self.lrs) for r in rungs_for(widths, self.ref_width, full, None)]
         self.grids = [self.load(r) for r in self.rungs]  # every rung refused now, not half-way
+        for rung, grid in zip(self.rungs, self.grids):
+            check_data_feeds(rung, _base_config(grid))
         self.sizes = [nonembedding_params(_base_config(g)) for g in self.grids]
         self.targets = _targets(ref, self.rungs[-1].width, self.sizes[-1])
 
@@ -99,6 +102,22 @@ class LadderPlan:
 def _base_config(grid):
     """The config of the grid's first cell: its model size is the rung's."""
     return grid.configs.setting(grid.cells[0].id)
+
+
+def check_data_feeds(rung, cfg) -> None:
+    """Refuse a rung whose model the data cannot feed: a split shorter than one context window,
+    or token ids beyond the model's vocabulary."""
+    from ablate.data import load_data
+
+    data = load_data(cfg.data, cfg.size.tokenizer, cfg.size.vocab_size)
+    for split, arrays in (("train", data.train), ("val", data.val)):
+        if max((a.size for a in arrays), default=0) <= cfg.context:
+            raise ConfigError(f"rung {rung.name} ({cfg.model}, context {cfg.context}): the data's {split} split "
+                              f"({sum(a.size for a in arrays):,} tokens) is shorter than one context window; valid: "
+                              "more data, or --set seq_len=N below it")
+    if data.max_token is not None and data.max_token >= cfg.size.vocab_size:
+        raise ConfigError(f"rung {rung.name} ({cfg.model}): the data's token id {data.max_token} is outside its "
+                          f"vocabulary of {cfg.size.vocab_size}; valid: a size with a larger vocab_size")
 
 
 def nonembedding_params(cfg) -> int:
@@ -182,6 +201,11 @@ def run_ladder(plan: LadderPlan, options, quiet: bool) -> tuple[int, dict]:
         worst = max(worst, status)
         if status == 2:
             return status, {}
+        pending = [c.id for c in grid.cells if not (folder / c.id / SUMMARY).exists()]
+        if pending:  # submitted and not waited for (--no-wait), or cells that could not run
+            print(f"  {rung.name}: {len(pending)} of {len(grid.cells)} cells not finished; the next rung's sweep is "
+                  "placed from this one's results, so the ladder stops here: rerun it to follow up", flush=True)
+            return max(worst, 1), {}
         rung_claim = claim_at_rates(plan.claim, rung.rates)
         _, verdict = write_claim_report(rung_claim, folder)
         print(f"  {rung.name}: {verdict.text()}", flush=True)
