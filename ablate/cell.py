@@ -18,7 +18,10 @@ from typing import Any
 
 from ablate.config import TrainConfig, group_id, resolve, seeded_id, with_seed
 from ablate.errors import ConfigError
-from ablate.rundir import DONE, FAILED, SUMMARY, CellLock, read_json, remove_stale_temporaries, replace_atomic, write_json_atomic
+# finished_status and failed_summary are the run folder's (ablate.rundir); the backends and
+# commands that run cells import them from here too.
+from ablate.rundir import (ATTEMPTS, CONFIG, DONE, FAILED, SUMMARY, CellLock, failed_summary, file_version,  # noqa: F401
+                           finished_status, read_summary, remove_stale_temporaries, replace_atomic, write_json_atomic)
 
 # A cell id names a folder: one path component, at most NAME_MAX bytes on Linux file systems.
 NAME_MAX = 255
@@ -122,26 +125,6 @@ def check_id_fits(cell_id: str, named_by: str) -> None:
                           f"it names the cell's folder and is made of {named_by}")
 
 
-def finished_status(run_dir: Path) -> str | None:
-    """completed | diverged: the run is finished and never run again; failed: a summary that
-    says so (or cannot be read), tried again; None: no summary, resumed or started."""
-    path = Path(run_dir) / SUMMARY
-    if not path.exists():
-        return None
-    try:
-        status = read_json(path).get("status")
-    except (OSError, ValueError, AttributeError):
-        return FAILED
-    return status if status in DONE else FAILED
-
-
-def failed_summary(error: str, attempts: int) -> dict:
-    """The summary.json of a cell recorded failed: no result, its last error as one line, and
-    how many attempts it has had."""
-    return {"status": FAILED, "final_loss": None, "final_val_loss": None, "diverged_at_step": None,
-            "steps": None, "wall_time_s": None, "error": error, "attempts": attempts}
-
-
 def run_cell(cell: Cell, out_root: str | Path, retries: int = 0, quiet: bool = True,
              execution: Execution | None = None) -> CellOutcome:
     """Train `cell` under `out_root/<cell.id>/`, retrying a Python error `retries` times
@@ -149,16 +132,16 @@ def run_cell(cell: Cell, out_root: str | Path, retries: int = 0, quiet: bool = T
     that failed before is tried again. A run directory holding a run of another config is
     refused (ConfigError), finished or not. `execution`: how to run it (a scheduler's threads)."""
     from ablate import plugins
-    from ablate.train import check_existing_run, plan_run, train  # heavy imports (torch) only when needed
+    from ablate.train import plan_run, train  # heavy imports (torch) only when needed
 
     plugins.load(cell.plugins)  # a worker, Ray task or SLURM job: before anything names their values
     run_dir = Path(out_root) / cell.id
     if finished_status(run_dir) in DONE:
         return _finished(cell, run_dir)
-    # Everything that can refuse the cell is checked before the lock creates its folder, so a
-    # refused cell leaves nothing behind; train uses the same plan.
-    plan = plan_run(cell, execution)
-    check_existing_run(cell, run_dir, plan)
+    # Everything that can refuse the cell (the run folder's config.json included) is checked
+    # before the lock creates its folder, so a refused cell leaves nothing behind; the plan
+    # carries what it read, and train uses it.
+    plan = plan_run(cell, execution, run_dir)
     lock = CellLock(run_dir)
     if not lock.acquire():
         return CellOutcome(cell.id, "busy", None)
@@ -166,6 +149,8 @@ def run_cell(cell: Cell, out_root: str | Path, retries: int = 0, quiet: bool = T
         status = finished_status(run_dir)
         if status in DONE:  # finished while we waited for the lock
             return _finished(cell, run_dir)
+        if file_version(run_dir / CONFIG) != plan.recorded_version:
+            plan = plan_run(cell, execution, run_dir)  # another process began it meanwhile: read it again
         remove_stale_temporaries(run_dir)  # we hold the lock: whoever wrote them is gone
         attempts_before = _set_aside_failed(run_dir) if status == FAILED else 0
         first = _next_error_index(run_dir)
@@ -228,13 +213,12 @@ def _record_error(run_dir: Path, index: int, e: BaseException) -> str:
 def _set_aside_failed(run_dir: Path) -> int:
     """Keep a failed run's summary as summary.failed-<k>.json (the cell is unfinished again)
     and return how many attempts it counted."""
-    path = run_dir / SUMMARY
     try:
-        attempts = int(read_json(path).get("attempts") or 1)
-    except (OSError, ValueError, TypeError, AttributeError):
+        attempts = int((read_summary(run_dir) or {}).get(ATTEMPTS) or 1)
+    except (ValueError, TypeError):
         attempts = 1  # a damaged summary: one attempt we know nothing more about
     k = max(_indices(run_dir, _FAILED_SUMMARY), default=-1) + 1
-    os.replace(path, run_dir / f"summary.failed-{k}.json")
+    os.replace(run_dir / SUMMARY, run_dir / f"summary.failed-{k}.json")
     return attempts
 
 
@@ -244,4 +228,4 @@ def _finished(cell: Cell, run_dir: Path) -> CellOutcome:
     from ablate.train import check_existing_run
 
     check_existing_run(cell, run_dir)
-    return CellOutcome(cell.id, "skipped", read_json(run_dir / SUMMARY))
+    return CellOutcome(cell.id, "skipped", read_summary(run_dir))

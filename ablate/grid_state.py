@@ -17,24 +17,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
-from ablate.cell import Cell, finished_status
-from ablate.rundir import DONE, FAILED, PENDING, RUNNING, SUMMARY, CellLock, read_json, replace_atomic, write_json_atomic
-
-GRID_JSON, GRID_LOCK = "grid.json", ".grid.lock"
+from ablate import rundir
+from ablate.cell import Cell
+from ablate.rundir import DONE, GRID_JSON, GRID_LOCK, CellLock, file_version, finished_status, read_json, replace_atomic, \
+    write_json_atomic
 
 
 def cell_status(out_root: str | Path, cell_id: str) -> str:
-    """pending | running | completed | diverged | failed, from the run directory alone."""
-    run_dir = Path(out_root) / cell_id
-    summary = run_dir / SUMMARY
-    if summary.exists():
-        try:
-            return str(read_json(summary).get("status", FAILED))
-        except (OSError, ValueError):
-            return FAILED
-    if CellLock(run_dir).is_held_elsewhere():
-        return RUNNING
-    return PENDING
+    """The status of cell `cell_id` of the grid folder `out_root` (ablate.rundir.status)."""
+    return rundir.status(Path(out_root) / cell_id)
 
 
 def _entry(cell: dict[str, Any], status: str) -> dict[str, Any]:
@@ -78,7 +69,7 @@ class GridJson:
         self.lines: list[str] = [""] * len(self.entries)
         self.counts: Counter = Counter()
         self.last_full = float("-inf")
-        self.written: tuple | None = None  # grid.json as this process last wrote it (see _identity)
+        self.written: tuple | None = None  # grid.json as this process last wrote it (rundir.file_version)
 
     def _derive(self, i: int) -> None:
         c = self.entries[i]
@@ -112,25 +103,16 @@ class GridJson:
             text = text[:-2] + ',\n  "cells": [\n' + ",\n".join(self.lines) + "\n  ]\n}\n"
             # No fsync: grid.json is re-derived from the run directories by any later run.
             replace_atomic(self.out_root / GRID_JSON, lambda f: f.write(text.encode()), fsync=False)
-            self.written = _identity(self.out_root / GRID_JSON)
+            self.written = file_version(self.out_root / GRID_JSON)
         return head
 
     def _written_elsewhere(self) -> bool:
-        return _identity(self.out_root / GRID_JSON) != self.written
+        return file_version(self.out_root / GRID_JSON) != self.written
 
     def state(self) -> dict[str, Any]:
         """What the last write wrote, as write_grid_json returns it."""
         cells = [_entry(c, st) for c, st in zip(self.entries, self.status)]
         return {**self.head, "counts": {k: v for k, v in self.counts.items() if v}, "cells": cells}
-
-
-def _identity(path: Path) -> tuple | None:
-    """Which file is at `path`: every write renames a new file into place (a new inode)."""
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return info.st_ino, info.st_dev, info.st_mtime_ns
 
 
 def write_grid_json(out_root: str | Path, record: dict[str, Any]) -> dict[str, Any]:

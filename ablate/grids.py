@@ -33,15 +33,16 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ablate.cell import Cell, check_id_fits
-from ablate.config import EXECUTION_KEYS, OPTION_NAMES, TrainConfig, coerce_option, group_id, resolve, with_seed
+from ablate.config import EXECUTION_KEYS, OPTION_NAMES, OPTIONS, TrainConfig, coerce_option, group_id, resolve, with_seed
 from ablate.errors import ConfigError
+from ablate.rundir import identity
 from ablate.variants import AXES, VariantError, parse_variant
 
 TOP_KEYS = ("name", "description", "imports", "base", "axes", "include", "exclude", "scales")
 SCALE_KEYS = ("description", "base", "axes", "include", "exclude")
 DEFAULT_SCALE = "cpu"
-# Options that never make two cells different runs (the scheduler sets `threads` per worker).
-# Options that never make two cells different runs: how a cell executes (ablate/config.py roles).
+# Options that never make two cells different runs: how a cell executes (ablate/config.py roles;
+# the scheduler sets `threads` per worker).
 NOT_IDENTITY = EXECUTION_KEYS
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
@@ -335,10 +336,19 @@ def _effective(cfg: TrainConfig, key: str) -> Any:
     return getattr(cfg, key)
 
 
+# Two cells of a grid are the same run when ablate.rundir.identity says so (as it says whether a
+# run folder holds the run asked for), over every option but the execution ones; the variant
+# axes are compared as the variant they make.
+GRID_COMPARED = {k: OPTIONS[k].default for k in OPTION_NAMES if k not in AXES + NOT_IDENTITY}
+
+
 def _identity(cfg: TrainConfig) -> tuple:
-    spec = cfg.spec
-    opts = tuple((k, _effective(cfg, k)) for k in OPTION_NAMES if k not in AXES and k not in ("variant",) + NOT_IDENTITY)
-    return (spec,) + opts
+    """The identity of `cfg`'s run, from the config.json fields it would write, resolved as far
+    as a grid can without reading data (data is compared by its option, not its fingerprint)."""
+    record = {"train": {k: _effective(cfg, k) for k in GRID_COMPARED}, "variant": {"id": cfg.spec.id},
+              "model": {"n_layer": cfg.size.n_layer, "init": cfg.init}, "data": {"fingerprint": cfg.data},
+              "dtype": cfg.dtype}
+    return tuple(identity(record, GRID_COMPARED).items())
 
 
 def _matches(cfg: TrainConfig, entry: Mapping[str, Any], seed: int) -> bool:
@@ -429,33 +439,53 @@ def load_grid(grid: str | Path, scale: str = DEFAULT_SCALE, overrides: Mapping[s
     `imports_policy`: what to do with the file's imports (see _grid_imports)."""
     path = find_grid(str(grid)) if not isinstance(grid, Path) else grid
     raw = read_grid_file(path, imports_policy)
-    source = raw["source"]
     parts = _apply_scale(raw, scale)
-    base, axes, include, exclude = parts["base"], parts["axes"], parts["include"], parts["exclude"]
     overrides = dict(overrides or {})
-
-    # Each table's values alone must make a valid config, so an error names its table and key.
-    # [base] and --set apply to every cell, so a variant axis that their block would ignore
-    # is refused as in `ablate train`; the axes, includes and excludes are crossings
-    # (strict=False), where such an axis collapses the crossing instead.
     resolver = _Resolver()
+    _check_tables(raw["source"], parts, overrides, resolver)
+    candidates, refused = _crossings(parts, resolver)
+    combinations = len(candidates)
+    kept, duplicates = _collapse(candidates, parts["base"], overrides, resolver, refused)
+    del candidates  # a grid of a million seeds: its crossings are not kept beside its cells
+    if not kept:
+        exclude, include = parts["exclude"], parts["include"]
+        why = f" ({len(refused)} crossings refused, e.g. {refused[0]})" if refused else (
+            " (every crossing is excluded)" if exclude and not include else "")
+        raise _fail(raw["source"], "", f"the grid has no cells{why}; valid: [axes] lists of values, [[exclude]] that "
+                                       "leave some cells")
+    cells, configs, id_keys = _name_cells(raw, kept, resolver)
+    return Grid(
+        name=raw["name"], source=raw["source"], description=parts["description"], scale=scale,
+        scales=sorted({DEFAULT_SCALE, *raw["scales"]}), base={**parts["base"], **overrides}, axes=parts["axes"],
+        include=parts["include"], exclude=parts["exclude"], overrides=overrides, cells=cells,
+        combinations=combinations, duplicates=[(d, cells[k].id) for d, k in duplicates], refused=refused,
+        id_keys=id_keys, configs=configs,
+    )
+
+
+def _check_tables(source: str, parts: dict, overrides: dict[str, Any], resolver: _Resolver) -> None:
+    """Each table's values alone must make a valid config, so an error names its table and key.
+    [base] and --set apply to every cell, so a variant axis that their block would ignore is
+    refused as in `ablate train`; the axes, includes and excludes are crossings (strict=False),
+    where such an axis collapses the crossing instead."""
+    base = parts["base"]
     try:
         resolve(base)
     except ConfigError as e:
         raise _fail(source, "[base]", str(e)) from None
-    for key, values in axes.items():
+    for key, values in parts["axes"].items():
         for value in values if key != "seed" else values[:1]:  # a seed was checked alone (coerce_option)
             try:
                 resolver.base({**base, key: value}, strict=False)
             except ConfigError as e:
                 raise _fail(source, "[axes]", str(e)) from None
-    for i, entry in enumerate(include):
+    for i, entry in enumerate(parts["include"]):
         for combo in _cross(entry):
             try:
                 resolver.base({**base, **combo}, strict=False)
             except ConfigError as e:
                 raise _fail(source, f"[[include]][{i}]", str(e)) from None
-    for i, entry in enumerate(exclude):
+    for i, entry in enumerate(parts["exclude"]):
         for key, value in entry.items():
             try:
                 resolver.base({**base, key: value}, strict=False)
@@ -466,7 +496,11 @@ def load_grid(grid: str | Path, scale: str = DEFAULT_SCALE, overrides: Mapping[s
     except ConfigError as e:
         raise ConfigError(f"--set: {' '.join(str(e).split())}") from None
 
-    # Cross the axes, drop excluded and contradictory crossings, add the includes.
+
+def _crossings(parts: dict, resolver: _Resolver) -> tuple[list[dict], list[str]]:
+    """(the cells' options, the crossings refused): the axes crossed, excluded and contradictory
+    crossings dropped, the includes added."""
+    base, axes, exclude = parts["base"], parts["axes"], parts["exclude"]
     candidates: list[dict] = []
     refused: list[str] = []
     keys = list(axes)
@@ -489,16 +523,21 @@ def load_grid(grid: str | Path, scale: str = DEFAULT_SCALE, overrides: Mapping[s
         if exclude and any(_matches(cfg, entry, options.get("seed", cfg.seed)) for entry in exclude):
             continue
         candidates.append(options)
-    del setting_of
-    for i, entry in enumerate(include):
+    for entry in parts["include"]:
         candidates.extend({**base, **combo} for combo in _cross(entry))
-    combinations = len(candidates)
+    return candidates, refused
 
-    # Apply --set, resolve, and collapse cells that train the same thing.
-    kept: list[tuple[dict, TrainConfig, int]] = []  # (options, config without its seed, seed)
+
+def _collapse(candidates: list[dict], base: dict, overrides: dict, resolver: _Resolver,
+              refused: list[str]) -> tuple[list[tuple[dict, TrainConfig, int]], list[tuple[str, int]]]:
+    """Apply --set, resolve, and collapse cells that train the same thing. Returns the cells
+    kept as (options, config without its seed, seed), and the duplicates dropped as (their
+    options, the index of the kept cell they train as); a crossing an override contradicts is
+    added to `refused`."""
+    kept: list[tuple[dict, TrainConfig, int]] = []
     seen: dict[tuple, int] = {}
-    duplicates: list[tuple[str, str]] = []
-    identity: dict[int, tuple] = {}  # id(config without seed) -> _identity of it
+    duplicates: list[tuple[str, int]] = []
+    identities: dict[int, tuple] = {}  # id(config without seed) -> _identity of it
     # The options but the seed -> (the options as resolved, but the seed; their config): the
     # same for every seed of a setting, so worked out once per setting.
     settled: dict[frozenset, tuple[dict, TrainConfig]] = {}
@@ -514,34 +553,43 @@ def load_grid(grid: str | Path, scale: str = DEFAULT_SCALE, overrides: Mapping[s
             except ConfigError as e:  # an override contradicting a crossing
                 refused.append(f"{_describe(_diff(options, base))}: {' '.join(str(e).split())}")
                 continue
-            # Record the axes as they resolve: a gated MLP's `act` is None, not the crossed value.
-            spec_axes = resolver.axes(cfg)
-            if any(k in options and options[k] != spec_axes[k] for k in AXES):
-                options = {**options, **{k: spec_axes[k] for k in AXES if k in options}}
-                cfg = resolver.base(options, strict=False)
-            try:
-                resolver.base(options)  # as one run: how the cell is resolved again when it trains
-            except ConfigError:  # an axis written in `variant` (act=relu) that the crossing dropped
-                options = {**options, "variant": cfg.spec.id}
-                cfg = resolver.base(options, strict=False)  # the cell's config names the block it trains
+            options, cfg = _settle(options, cfg, resolver)
             settled[key] = ({k: v for k, v in options.items() if k != "seed"}, cfg)
-        asked = {**given, **overrides}
         seed = options.get("seed", cfg.seed)
-        if id(cfg) not in identity:
-            identity[id(cfg)] = _identity(cfg)
-        ident = (identity[id(cfg)], seed)
+        if id(cfg) not in identities:
+            identities[id(cfg)] = _identity(cfg)
+        ident = (identities[id(cfg)], seed)
         if ident in seen:
-            duplicates.append((_describe(_diff(asked, base)), str(seen[ident])))
+            duplicates.append((_describe(_diff({**given, **overrides}, base)), seen[ident]))
             continue
         seen[ident] = len(kept)
         kept.append((options, cfg, seed))
-    del candidates, seen, settled
-    if not kept:
-        why = f" ({len(refused)} crossings refused, e.g. {refused[0]})" if refused else (
-            " (every crossing is excluded)" if exclude and not include else "")
-        raise _fail(source, "", f"the grid has no cells{why}; valid: [axes] lists of values, [[exclude]] that leave some cells")
+    return kept, duplicates
 
-    # What varies across the cells names them: the variant id, those options, the seed.
+
+def _settle(options: dict, cfg: TrainConfig, resolver: _Resolver) -> tuple[dict, TrainConfig]:
+    """The options of a crossing as they resolve, and their config without the seed (`cfg`:
+    the options resolved leniently, as a crossing)."""
+    # Record the axes as they resolve: a gated MLP's `act` is None, not the crossed value.
+    spec_axes = resolver.axes(cfg)
+    if any(k in options and options[k] != spec_axes[k] for k in AXES):
+        options = {**options, **{k: spec_axes[k] for k in AXES if k in options}}
+        cfg = resolver.base(options, strict=False)
+    try:
+        resolver.base(options)  # as one run: how the cell is resolved again when it trains
+    except ConfigError:  # an axis written in `variant` (act=relu) that the crossing dropped
+        options = {**options, "variant": cfg.spec.id}
+        cfg = resolver.base(options, strict=False)  # the cell's config names the block it trains
+    return options, cfg
+
+
+def _name_cells(raw: dict, kept: list[tuple[dict, TrainConfig, int]],
+                resolver: _Resolver) -> tuple[list[Cell], CellConfigs, tuple[str, ...]]:
+    """The cells, named by what varies across them (the variant id, those options, the seed);
+    their configs; and the options that name them."""
+    from ablate import plugins
+
+    source = raw["source"]
     distinct = list({id(cfg): cfg for _, cfg, _ in kept}.values())
     varying_options = tuple(
         k for k in OPTION_NAMES
@@ -553,13 +601,11 @@ def load_grid(grid: str | Path, scale: str = DEFAULT_SCALE, overrides: Mapping[s
                 f"({', '.join((*varying_axes, *varying_options)) or 'none'}); valid: fewer axes "
                 "(split the grid, or fix some of these options in [base])")
     setting_axes: dict[int, tuple] = {}  # id(config without seed) -> (the cell's axes but its seed, group)
-    cells: list[Cell] = []
-    from ablate import plugins
-
     requested = plugins.requested()  # the plugins behind every cell's values, the same for all
+    cells: list[Cell] = []
     configs = CellConfigs()
-    ids: dict[str, int] = {}
-    for i, (options, base_cfg, seed) in enumerate(kept):
+    ids: set[str] = set()
+    for options, base_cfg, seed in kept:
         if id(base_cfg) not in setting_axes:
             shared = {k: resolver.axes(base_cfg)[k] for k in varying_axes}
             shared.update({k: _effective(base_cfg, k) for k in varying_options})
@@ -578,17 +624,10 @@ def load_grid(grid: str | Path, scale: str = DEFAULT_SCALE, overrides: Mapping[s
             raise _fail(source, "", str(e)) from None
         if cell.id in ids:  # cannot happen: every difference is in the id
             raise _fail(source, "", f"two different cells share the id {cell.id!r}")
-        ids[cell.id] = i
+        ids.add(cell.id)
         cells.append(cell)
         configs.add(cell.id, base_cfg, seed)
-    duplicates = [(d, cells[int(k)].id) for d, k in duplicates]
-
-    return Grid(
-        name=raw["name"], source=source, description=parts["description"], scale=scale,
-        scales=sorted({DEFAULT_SCALE, *raw["scales"]}), base={**base, **overrides}, axes=axes,
-        include=include, exclude=exclude, overrides=overrides, cells=cells, combinations=combinations,
-        duplicates=duplicates, refused=refused, id_keys=varying_options, configs=configs,
-    )
+    return cells, configs, varying_options
 
 
 def _describe(options: Mapping[str, Any]) -> str:

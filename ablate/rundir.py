@@ -1,4 +1,9 @@
-"""Small, crash-safe file operations for run directories.
+"""The run folder: its file names, its status words, summary.json's schema, a run's status,
+"is this the same run?", and the small, crash-safe file operations that write it.
+
+Everything that reads or writes a run folder imports these facts from here, analysis too: this
+module is standard library only, so reading results never imports torch. runs/README.md
+describes the folder for people.
 
 Nothing here follows a symbolic link it is about to write through: temporaries are created
 fresh (O_EXCL | O_NOFOLLOW) and renamed over their target (a rename replaces a link, never
@@ -14,25 +19,180 @@ import os
 import stat
 import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Mapping
 
-# The safe writes live with analysis, which writes reports and exports the same way but never
-# imports the engine; the engine imports them from there.
+# The safe writes live with analysis, which writes reports and exports the same way; the engine
+# imports them from here.
 from ablate.analysis.safe_files import create_temporary, replace_atomic  # noqa: F401  (part of this module's API)
 from ablate.errors import ConfigError
 
+# ------------------------------------------------------------------------------ file names
+
 CONFIG, METRICS, SUMMARY, CHECKPOINT, LOCK = "config.json", "metrics.jsonl", "summary.json", "checkpoint.pt", ".lock"
+# A grid folder holds one run folder per cell, and grid.json (kept under .grid.lock).
+GRID_JSON, GRID_LOCK = "grid.json", ".grid.lock"
 # Temporaries that writers killed mid-write (kill -9, a full disk) may leave behind.
 TEMPORARY_GLOB = ".*.tmp"
 LEGACY_TEMPORARIES = ("checkpoint.tmp", "metrics.tmp")
+
+# ------------------------------------------------------------------------------ status words
+
 # A run's status in its summary.json: DONE runs are results and are never trained again; a
 # failed run is tried again. A cell folder without summary.json is running (its lock is held by
-# a live process) or pending.
+# a live process) or pending; a pending cell that has logged steps is interrupted (`ablate
+# status` says so; it resumes on a rerun).
 COMPLETED, DIVERGED = "completed", "diverged"
 DONE = (COMPLETED, DIVERGED)
 FAILED = "failed"
 FINISHED = DONE + (FAILED,)
 RUNNING, PENDING = "running", "pending"
+INTERRUPTED = "interrupted"
+STATUSES = FINISHED + (RUNNING, PENDING)  # what `status` answers (and grid.json records)
+
+# ------------------------------------------------------------------------------ summary.json
+
+# Every summary.json has SUMMARY_KEYS; RESULT_KEYS are its numbers (null when the run has
+# none: a failed run, or a diverged one's losses). Two keys appear only when they apply.
+RESULT_KEYS = ("final_loss", "final_val_loss", "diverged_at_step", "steps", "wall_time_s")
+SUMMARY_KEYS = ("status", *RESULT_KEYS, "error")
+MISSING_STEPS = "missing_steps"  # logged steps whose metrics rows a resume lost (train.py)
+ATTEMPTS = "attempts"  # how many times a failed cell was tried (cell.py)
+
+
+def run_summary(status: str, final_loss: float | None, final_val_loss: float | None, diverged_at_step: int | None,
+                steps: int, wall_time_s: float, missing_steps: Iterable[int] = ()) -> dict[str, Any]:
+    """The summary.json of a run that trained to its end (COMPLETED) or diverged."""
+    assert status in DONE, status
+    missing = list(missing_steps)
+    return {"status": status, "final_loss": final_loss, "final_val_loss": finite_or_none(final_val_loss),
+            "diverged_at_step": diverged_at_step, "steps": steps, "wall_time_s": wall_time_s, "error": None,
+            **({MISSING_STEPS: missing} if missing else {})}
+
+
+def failed_summary(error: str, attempts: int) -> dict[str, Any]:
+    """The summary.json of a cell recorded failed: no result, its last error as one line, and
+    how many attempts it has had."""
+    return {"status": FAILED, **dict.fromkeys(RESULT_KEYS), "error": error, ATTEMPTS: attempts}
+
+
+def summary_status(summary: Mapping[str, Any] | None) -> str | None:
+    """The status a summary.json's content gives its run: None when there is no summary; a
+    word of FINISHED; FAILED for a summary without one (damaged: not a result, tried again)."""
+    if summary is None:
+        return None
+    status = summary.get("status")
+    return status if status in FINISHED else FAILED
+
+
+def read_summary(run_dir: str | Path) -> dict[str, Any] | None:
+    """summary.json's content: None when there is none, {} when it is damaged (not a JSON
+    object in a regular file), which summary_status reads as FAILED."""
+    path = Path(run_dir) / SUMMARY
+    if not path.exists():
+        return None
+    try:
+        with open_regular(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+# ------------------------------------------------------------------------------ a run's status
+
+
+def finished_status(run_dir: str | Path) -> str | None:
+    """completed | diverged: the run is finished and never run again; failed: a summary that
+    says so (or cannot be read), tried again; None: no summary, resumed or started."""
+    return summary_status(read_summary(run_dir))
+
+
+def status(run_dir: str | Path) -> str:
+    """One of STATUSES, from the run folder alone: its summary.json's status; else running
+    when another process holds its lock; else pending (not started, or interrupted)."""
+    finished = finished_status(run_dir)
+    if finished is not None:
+        return finished
+    return RUNNING if CellLock(run_dir).is_held_elsewhere() else PENDING
+
+
+# ------------------------------------------------------------------------------ "is this the same run?"
+
+# config.json records the run's options in `train`, but some of them as resolved elsewhere: the
+# variant by its id, the depth the model has, the init it used, the data by its fingerprint,
+# what `auto` picked. Each such option is compared where it is recorded.
+RECORDED_AT: dict[str, tuple[str, ...]] = {
+    "variant": ("variant", "id"), "layers": ("model", "n_layer"), "width": ("model", "d_model"),
+    "init": ("model", "init"),
+    "data": ("data", "fingerprint"), "kernels": ("kernels",), "device": ("device",), "dtype": ("dtype",),
+}
+# config.json `identity_keys` lists the options that define the run (ablate/config.py's
+# experiment role); analysis pairs only cells equal in them. A config written before it did
+# defined the run by these:
+SETTING_KEYS = ("model", "layers", "steps", "lr", "warmup", "schedule", "min_lr_ratio", "batch_size", "seq_len",
+                "weight_decay", "beta1", "beta2", "grad_clip", "diverge_factor")
+
+
+def identity_keys(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """The options a config.json says define its run (SETTING_KEYS for an older one)."""
+    keys = config.get("identity_keys")
+    if not isinstance(keys, list):
+        return SETTING_KEYS
+    return tuple(k for k in keys if isinstance(k, str))
+
+
+def identity(config: Mapping[str, Any], compared: Mapping[str, Any]) -> dict[str, Any]:
+    """What must match for a run folder to hold the run asked for, from a config.json (or the
+    record of one a run would write). `compared`: option name -> its default, the options that
+    change the numbers or what is logged (the engine derives them from ablate/config.py). An
+    option a config written before it existed lacks had its default there: the option's
+    definition is that its default changes nothing. One recorded as resolved (RECORDED_AT) is
+    read where it is recorded, and not compared when an older config lacks it."""
+    train = _object(config.get("train"))
+    ident = {k: train.get(k, default) for k, default in compared.items() if k not in RECORDED_AT}
+    for key, (section, *inner) in RECORDED_AT.items():
+        value = config.get(section)
+        for name in inner:
+            value = _object(value).get(name)
+        if value is not None:
+            ident[key] = value
+    return ident
+
+
+def differing(old: Mapping[str, Any], new: Mapping[str, Any], compared: Mapping[str, Any]) -> list[str]:
+    """The options in which two runs differ (none: the same run), as `identity` compares them."""
+    a, b = identity(old, compared), identity(new, compared)
+    return [k for k in b if k in a and a[k] != b[k]]
+
+
+def _object(value: Any) -> Mapping[str, Any]:
+    """`value` if it is a JSON object, else an empty one: a damaged field is no crash."""
+    return value if isinstance(value, dict) else {}
+
+
+# ------------------------------------------------------------------------------ reading and writing
+
+
+def open_regular(path: Path):
+    """`path` opened for reading in binary if it is a regular file; OSError otherwise. A FIFO
+    would block the reader until someone writes it (O_NONBLOCK opens it at once, and fstat
+    says what it is); a device or a folder is no run file either."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def file_version(path: Path) -> tuple | None:
+    """Which file is at `path` (None: none): every write renames a new file into place (a new
+    inode), so a different answer means someone wrote it since."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_ino, info.st_dev, info.st_mtime_ns
 
 
 def finite_or_none(value: Any) -> Any:

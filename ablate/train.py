@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,8 +29,8 @@ from ablate.kernels import cpu_gelu, get_backend
 from ablate.model import GPT, build_model
 from ablate.probes import Probes
 from ablate.provenance import git_commit, versions
-from ablate.rundir import (CHECKPOINT, COMPLETED, CONFIG, DIVERGED, METRICS, SUMMARY, finite_or_none, read_json,
-                           replace_atomic, write_json_atomic)
+from ablate.rundir import (CHECKPOINT, COMPLETED, CONFIG, DIVERGED, METRICS, SUMMARY, differing, file_version,
+                           finite_or_none, identity, read_json, replace_atomic, run_summary, write_json_atomic)
 from ablate.schedule import lr_at
 from ablate.sizes import ModelSize
 from ablate.variants import AXES, OPTIMIZERS
@@ -64,7 +64,9 @@ def autocast_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype | None
 
 @dataclass
 class RunPlan:
-    """A cell resolved for this machine: its config, device, precision, data and kernels."""
+    """A cell resolved for this machine: its config, device, precision, data and kernels; and,
+    once planned into a run folder, what that folder's config.json said and what the run
+    therefore trains with. The folder is read and checked once, here; training uses the plan."""
 
     cfg: TrainConfig
     device: torch.device
@@ -72,6 +74,13 @@ class RunPlan:
     size: ModelSize
     data: TokenData
     ops: Any  # the kernel backend, `auto` resolved
+    run_dir: Path | None = None
+    recorded: dict | None = None  # the folder's config.json when planned (None: a new run)
+    recorded_version: tuple | None = None  # rundir.file_version of that config.json
+    # What the run trains with: a resumed run keeps its own (see _threads_for, _flush_for; the
+    # GELU form is settled from `recorded` when training starts, where its kernel is built).
+    threads: int | None = None
+    flush: bool = False
 
 
 def _size_and_data(cfg: TrainConfig) -> tuple[ModelSize, TokenData]:
@@ -82,10 +91,11 @@ def _size_and_data(cfg: TrainConfig) -> tuple[ModelSize, TokenData]:
     return size, data
 
 
-def plan_run(cell, execution=None) -> RunPlan:
-    """Check everything that could refuse `cell` (device, data, kernel backend) without
-    writing anything, so a refused run leaves no trace. `execution` (ablate.cell.Execution)
-    brings a scheduler's thread count, which a `threads` in the cell's own options overrides."""
+def plan_run(cell, execution=None, run_dir: str | Path | None = None) -> RunPlan:
+    """Check everything that could refuse `cell` (device, data, kernel backend, and with
+    `run_dir` the run that folder already holds) without writing anything, so a refused run
+    leaves no trace. `execution` (ablate.cell.Execution) brings a scheduler's thread count,
+    which a `threads` in the cell's own options overrides."""
     cfg = cell.config
     threads = execution.threads_for(cell) if execution is not None else cfg.threads
     if threads != cfg.threads:
@@ -94,7 +104,22 @@ def plan_run(cell, execution=None) -> RunPlan:
     size, data = _size_and_data(cfg)
     check_data_fits(data, cfg.context)
     ops = get_backend(cfg.kernels, str(device))
-    return RunPlan(cfg, device, autocast_dtype(cfg, device), size, data, ops)
+    plan = RunPlan(cfg, device, autocast_dtype(cfg, device), size, data, ops)
+    if run_dir is not None:
+        _plan_into(cell, plan, Path(run_dir))
+    return plan
+
+
+def _plan_into(cell, plan: RunPlan, run_dir: Path) -> None:
+    """Read `run_dir`'s config.json once, refuse it when it holds another run, and settle what
+    a resumed run keeps (its threads and subnormal flushing)."""
+    plan.run_dir = run_dir
+    plan.recorded_version = file_version(run_dir / CONFIG)  # before reading: a later write reads as changed
+    plan.recorded = old = _read_config(run_dir)
+    if old is not None:
+        _refuse_another_run(run_dir, old, run_config(cell, plan.cfg, plan.size, plan.data, plan.device, plan.ops.name))
+    plan.threads = _threads_for(cell, plan.cfg, old, run_dir)
+    plan.flush = _flush_for(cell, plan.cfg, old, run_dir)
 
 
 def check_data_fits(data: TokenData, seq_len: int) -> None:
@@ -148,25 +173,11 @@ def run_config(cell, cfg: TrainConfig, size: ModelSize, data: TokenData, device:
     }
 
 
-# Options compared by what they resolve to rather than as spelled: `--variant post-ln` and
-# `--norm post` are one variant, `auto` is whatever it picked, the data is its token stream.
-RESOLVED = ("variant", *AXES, "layers", "width", "init", "data", "kernels", "device", "dtype")
-
-
-def _identity(config: dict) -> dict[str, Any]:
-    """What must match for a run directory to hold the run a command asks for: every option
-    that changes the numbers or what is logged (ablate/config.py: all but NOT_COMPARED), named
-    as on the command line. An option a config written before it existed lacks had its default
-    value there: the option's definition is that its default changes nothing."""
-    train = config.get("train", {})
-    ident = {k: train.get(k, OPTIONS[k].default) for k in OPTIONS if k not in NOT_COMPARED + RESOLVED}
-    model = config.get("model", {})
-    resolved = {"variant": config.get("variant", {}).get("id"), "layers": model.get("n_layer"),
-                "width": model.get("d_model"),
-                "init": model.get("init"), "data": config.get("data", {}).get("fingerprint"),
-                "kernels": config.get("kernels"), "device": config.get("device"), "dtype": config.get("dtype")}
-    ident.update({k: v for k, v in resolved.items() if v is not None})  # a key an older config lacks is not compared
-    return ident
+# What "the same run" compares (ablate.rundir.identity): every option that changes the numbers
+# or what is logged (ablate/config.py: all but NOT_COMPARED), with the default a config written
+# before it existed had. The variant axes are compared as the variant they resolve to (its id):
+# `--variant post-ln` and `--norm post` are one variant.
+COMPARED = {k: OPTIONS[k].default for k in OPTIONS if k not in NOT_COMPARED + AXES}
 
 
 def _shown(config: dict, key: str) -> str:
@@ -174,7 +185,7 @@ def _shown(config: dict, key: str) -> str:
     if key == "data":
         data = config["data"]
         return f"{data.get('path')!r} ({str(data.get('fingerprint'))[:19]})"
-    return repr(_identity(config)[key])
+    return repr(identity(config, COMPARED)[key])
 
 
 def _read_config(run_dir: Path) -> dict | None:
@@ -192,8 +203,7 @@ def _read_config(run_dir: Path) -> dict | None:
 
 
 def _refuse_another_run(run_dir: Path, old: dict, new: dict) -> None:
-    a, b = _identity(old), _identity(new)
-    differ = [k for k in b if k in a and a[k] != b[k]]
+    differ = differing(old, new, COMPARED)
     if differ:
         was = ", ".join(f"{k}={_shown(old, k)}" for k in differ)
         now = ", ".join(f"{k}={_shown(new, k)}" for k in differ)
@@ -266,27 +276,25 @@ def _gelu_form_for(old: dict | None, run_dir: Path) -> str:
     return recorded
 
 
-def check_existing_run(cell, run_dir: str | Path, plan: RunPlan | None = None) -> None:
+def check_existing_run(cell, run_dir: str | Path) -> None:
     """Refuse (ConfigError, nothing written) when `run_dir` already holds a run of another
-    config than `cell` asks for. `plan` is the cell planned to train; without it, the run is
-    finished and only compared, so nothing is loaded or built that running would need."""
+    config than `cell` asks for, without planning the cell to train: for a finished run, only
+    compared, so nothing is loaded or built that running would need (a run to train is checked
+    by plan_run)."""
     run_dir = Path(run_dir)
     old = _read_config(run_dir)
     if old is None:
         return
-    if plan is not None:
-        cfg, size, data, device, kernels = plan.cfg, plan.size, plan.data, plan.device, plan.ops.name
-    else:
-        cfg = cell.config
-        size, data = _size_and_data(cfg)
-        device = requested_device(cfg)  # a finished cpu run and `--device cuda` differ even where no GPU is
-        kernels = cfg.kernels
-        if kernels == "auto":
-            # The same request: `auto` may pick another backend on another machine, but a
-            # finished run is not run again to find out. Otherwise resolve it as a run would.
-            from ablate.kernels.select import pick_auto
+    cfg = cell.config
+    size, data = _size_and_data(cfg)
+    device = requested_device(cfg)  # a finished cpu run and `--device cuda` differ even where no GPU is
+    kernels = cfg.kernels
+    if kernels == "auto":
+        # The same request: `auto` may pick another backend on another machine, but a
+        # finished run is not run again to find out. Otherwise resolve it as a run would.
+        from ablate.kernels.select import pick_auto
 
-            kernels = old.get("kernels") if old.get("train", {}).get("kernels") == "auto" else pick_auto(str(device))
+        kernels = old.get("kernels") if old.get("train", {}).get("kernels") == "auto" else pick_auto(str(device))
     _refuse_another_run(run_dir, old, run_config(cell, cfg, size, data, device, kernels))
     _threads_for(cell, cfg, old, run_dir)
     _flush_for(cell, cfg, old, run_dir)
@@ -410,139 +418,168 @@ def evaluate(model: GPT, data: TokenData, cfg: TrainConfig, device, amp, batches
 def train(cell, run_dir: str | Path, quiet: bool = True, plan: RunPlan | None = None,
           after_step: Callable[[], None] | None = None) -> dict:
     """Train (or resume) `cell` in `run_dir`; returns the summary it wrote. `plan`: the cell's
-    plan_run, when the caller has already made it. `after_step`: called after each step's
-    metrics row is written, outside the step time the row logs (`ablate bench` runs its plain
-    loop's steps there, in lockstep with the harness's)."""
+    plan_run into `run_dir`, when the caller has already made it. `after_step`: called after
+    each step's metrics row is written, outside the step time the row logs (`ablate bench` runs
+    its plain loop's steps there, in lockstep with the harness's)."""
     run_dir = Path(run_dir)
-    plan = plan or plan_run(cell)
-    old = _read_config(run_dir)
-    threads = _threads_for(cell, plan.cfg, old, run_dir)
-    flush = _flush_for(cell, plan.cfg, old, run_dir)
-    gelu = _gelu_form_for(old, run_dir)
+    if plan is None:
+        plan = plan_run(cell, run_dir=run_dir)
+    elif plan.run_dir != run_dir:
+        raise ValueError(f"the plan was made for {plan.run_dir}, not {run_dir}: plan_run(cell, execution, run_dir)")
+    gelu = _gelu_form_for(plan.recorded, run_dir)
     outer_threads, outer_flush = torch.get_num_threads(), fpmode.main_thread_flushing()
-    torch.set_num_threads(threads)
-    fpmode.apply(flush)  # after the thread count: it reaches every thread the run will use
+    torch.set_num_threads(plan.threads)
+    fpmode.apply(plan.flush)  # after the thread count: it reaches every thread the run will use
     try:
         with cpu_gelu.using(gelu):
-            return _train(cell, run_dir, plan, old, (threads, flush, gelu), quiet, after_step)
+            return _train(cell, plan, gelu, quiet, after_step)
     finally:
         # The next run in this process (a bench, a test, a grid worker's next cell) starts clean.
         torch.set_num_threads(outer_threads)
         fpmode.set_flush_denormal(outer_flush)
 
 
-def _train(cell, run_dir: Path, plan: RunPlan, old: dict | None, execution: tuple[int, bool, str], quiet: bool,
-           after_step: Callable[[], None] | None) -> dict:
-    cfg, device, amp, size, data = plan.cfg, plan.device, plan.amp, plan.size, plan.data
-    threads, flush, gelu = execution
-    torch.manual_seed(cfg.seed)  # the seed fixes the initial weights...
-    model = build_model(cfg.spec, size, plan.ops, device, init=cfg.init_name)
-    opt = make_optimizer(model, cfg)
-    config = run_config(cell, cfg, size, data, device, plan.ops.name,
-                        params=sum(p.numel() for p in model.parameters()), threads=threads, flush_denormal=flush,
-                        subnormals_flushed=fpmode.flushing(), gelu_cpu=gelu)
-    if old is not None:
-        _refuse_another_run(run_dir, old, config)
+@dataclass
+class RunState:
+    """Where a run stands between steps: restored from the checkpoint on a resume."""
 
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run_dir / CONFIG, config)
+    start: int = 0  # the first step this process trains
+    first_loss: float | None = None  # the run's first loss: divergence is measured against it
+    elapsed: float = 0.0  # training time before this process, for time_s
+    # The losses of the last FINAL_LOSS_WINDOW *logged* steps (runs/README.md: final_loss), the
+    # same rows `ablate report` reads, so a resume carries over the ones logged before it.
+    recent: list[float] = field(default_factory=list)
+    missing: list[int] = field(default_factory=list)  # logged steps whose rows a resume lost
+    val_loss: float | None = None
 
-    start, first_loss, elapsed = 0, None, 0.0
-    ckpt_path = run_dir / CHECKPOINT
-    if ckpt_path.exists():
-        ckpt = _load_checkpoint(ckpt_path, device)
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        torch.set_rng_state(ckpt["torch_rng"])
-        start, first_loss, elapsed = ckpt["step"], ckpt["first_loss"], ckpt["elapsed"]
-    # final_loss is the mean loss of the last FINAL_LOSS_WINDOW *logged* steps (runs/README.md),
-    # the same rows `ablate report` reads, so a resume carries over the ones logged before it.
-    recent = _keep_metrics_before(run_dir / METRICS, start)
-    missing = missing_logged_steps(run_dir / METRICS, start, cfg.log_every) if start else []
-    if missing:
-        print(f"ablate: {run_dir / METRICS}: no row for step{'s' if len(missing) > 1 else ''} "
-              f"{', '.join(map(str, missing[:10]))}{' ...' if len(missing) > 10 else ''} (an unreadable line dropped "
-              "on resume); summary.json names them", file=sys.stderr)
 
-    probes = Probes(model, compiled=cfg.compile, autocast=(device.type, amp)) if cfg.probes else None
+def _train(cell, plan: RunPlan, gelu: str, quiet: bool, after_step: Callable[[], None] | None) -> dict:
+    """The training loop: set the lr, take a batch, step, evaluate, log, checkpoint."""
+    cfg, data, device, run_dir = plan.cfg, plan.data, plan.device, plan.run_dir
+    model, opt = _build(cell, plan, gelu)
+    state = _resume(plan, model, opt)
+    probes = Probes(model, compiled=cfg.compile, autocast=(device.type, plan.amp)) if cfg.probes else None
     model.record_act_norms = cfg.probes
     forward = torch.compile(model) if cfg.compile else model
     tokens_per_step = cfg.batch_size * cfg.context
-    status, diverged_at, val_loss, step = COMPLETED, None, None, start - 1
-    bar = _progress(cfg, start, quiet)
-    clock0 = time.perf_counter() - elapsed  # time_s is wall-clock training time, resumes included
+    status, step = COMPLETED, state.start - 1
+    bar = _progress(cfg, state.start, quiet)
+    clock0 = time.perf_counter() - state.elapsed  # time_s is wall-clock training time, resumes included
     with _open_metrics(run_dir / METRICS) as log, _graceful_signals() as signals:
-        for step in range(start, cfg.steps):
+        for step in range(state.start, cfg.steps):
             t0 = time.perf_counter()
             lr = lr_at(step, cfg)
             for group in opt.param_groups:
                 group["lr"] = lr
             x, y = data.batch("train", step, cfg.seed, cfg.batch_size, cfg.context, device)  # ...and the batch order
-            logged = probes is not None and step % cfg.log_every == 0
-            probing = logged and step % cfg.probe_every == 0
-            if probes is not None:
-                probes.stability.capture = probing and not cfg.compile  # the hooks keep what measure() reads
-            with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-                logits, loss = forward(x, y)
-            # The logged loss is the cross-entropy alone, comparable across z_loss values.
-            objective = loss + cfg.z_loss * z_loss_term(logits) if cfg.z_loss > 0 else loss
-            objective.backward()
-            if logged:
-                grad_norms = probes.grad_norms()  # before clipping: what the model produced
-            if probing:  # the costlier metrics (a copy of the weights; attention scores) every probe_every steps
-                probes.before_step()
-                # Before the optimizer step: at the weights this step's forward ran with.
-                stability = probes.stability.measure(x, logits)
-            if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            if logged:
-                loss_value, metrics = probes.collect(loss, grad_norms, model.act_norms, x.numel() * size.d_model,
-                                                     stability if probing else None)
-            else:
-                loss_value, metrics = loss.item(), {}
+            loss_value, metrics = _train_step(plan, model, forward, opt, probes, step, x, y)
             dt = time.perf_counter() - t0
-            first_loss = loss_value if first_loss is None else first_loss
-            diverged = not math.isfinite(loss_value) or loss_value > cfg.diverge_factor * first_loss
+            state.first_loss = loss_value if state.first_loss is None else state.first_loss
+            diverged = not math.isfinite(loss_value) or loss_value > cfg.diverge_factor * state.first_loss
             last = step == cfg.steps - 1 or diverged
             if not diverged and (last or (step + 1) % cfg.eval_every == 0):
-                val_loss = evaluate(model, data, cfg, device, amp, cfg.final_eval_batches if last else cfg.eval_batches)
-                metrics["val_loss"] = finite_or_none(val_loss)
+                state.val_loss = evaluate(model, data, cfg, device, plan.amp,
+                                          cfg.final_eval_batches if last else cfg.eval_batches)
+                metrics["val_loss"] = finite_or_none(state.val_loss)
             if step % cfg.log_every == 0 or last:
                 log.write({"step": step, "tokens": (step + 1) * tokens_per_step, "loss": finite_or_none(loss_value),
                            "lr": lr, **metrics, "time_s": time.perf_counter() - clock0,
                            "tokens_per_s": tokens_per_step / dt})
-                recent = (recent + [loss_value])[-FINAL_LOSS_WINDOW:]
+                state.recent = (state.recent + [loss_value])[-FINAL_LOSS_WINDOW:]
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{tokens_per_step / dt:,.0f}")
             if after_step is not None:
                 after_step()
             if diverged:
-                status, diverged_at = DIVERGED, step
+                status = DIVERGED
                 break
             if not last and ((step + 1) % cfg.checkpoint_every == 0 or signals):
-                elapsed = time.perf_counter() - clock0
-                _save_checkpoint(ckpt_path, model, opt, step + 1, {"first_loss": first_loss, "elapsed": elapsed})
+                state.elapsed = time.perf_counter() - clock0
+                _save_checkpoint(run_dir / CHECKPOINT, model, opt, step + 1,
+                                 {"first_loss": state.first_loss, "elapsed": state.elapsed})
                 if signals:
                     raise Interrupted(f"interrupted by {signal.Signals(signals[0]).name} after step {step}; "
                                       f"checkpointed in {run_dir}: rerun the same command to resume")
-    elapsed = time.perf_counter() - clock0
     if bar is not None:
         bar.close()
-    summary = {
-        "status": status,
-        "final_loss": sum(recent) / len(recent) if status == COMPLETED and recent else None,
-        "final_val_loss": finite_or_none(val_loss) if status == COMPLETED else None,
-        "diverged_at_step": diverged_at,
-        "steps": step + 1,
-        "wall_time_s": elapsed,
-        "error": None,
-        **({"missing_steps": missing} if missing else {}),  # logged steps whose rows were lost
-    }
+    return _finish(run_dir, state, status, step, time.perf_counter() - clock0)
+
+
+def _build(cell, plan: RunPlan, gelu: str) -> tuple[GPT, Any]:
+    """The model and its optimizer, and the run's config.json (written before the first step)."""
+    cfg = plan.cfg
+    torch.manual_seed(cfg.seed)  # the seed fixes the initial weights...
+    model = build_model(cfg.spec, plan.size, plan.ops, plan.device, init=cfg.init_name)
+    opt = make_optimizer(model, cfg)
+    config = run_config(cell, cfg, plan.size, plan.data, plan.device, plan.ops.name,
+                        params=sum(p.numel() for p in model.parameters()), threads=plan.threads,
+                        flush_denormal=plan.flush, subnormals_flushed=fpmode.flushing(), gelu_cpu=gelu)
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(plan.run_dir / CONFIG, config)
+    return model, opt
+
+
+def _resume(plan: RunPlan, model: GPT, opt) -> RunState:
+    """Load the checkpoint into `model` and `opt` if there is one, and drop the metrics rows
+    written after it (so each step is logged once)."""
+    state = RunState()
+    ckpt_path, metrics = plan.run_dir / CHECKPOINT, plan.run_dir / METRICS
+    if ckpt_path.exists():
+        ckpt = _load_checkpoint(ckpt_path, plan.device)
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        torch.set_rng_state(ckpt["torch_rng"])
+        state.start, state.first_loss, state.elapsed = ckpt["step"], ckpt["first_loss"], ckpt["elapsed"]
+    state.recent = _keep_metrics_before(metrics, state.start)
+    state.missing = missing_logged_steps(metrics, state.start, plan.cfg.log_every) if state.start else []
+    if state.missing:
+        missing = state.missing
+        print(f"ablate: {metrics}: no row for step{'s' if len(missing) > 1 else ''} "
+              f"{', '.join(map(str, missing[:10]))}{' ...' if len(missing) > 10 else ''} (an unreadable line dropped "
+              "on resume); summary.json names them", file=sys.stderr)
+    return state
+
+
+def _train_step(plan: RunPlan, model: GPT, forward, opt, probes: Probes | None, step: int,
+                x: torch.Tensor, y: torch.Tensor) -> tuple[float, dict]:
+    """One optimizer step on the batch (x, y): its loss, and on a logged step the probes'
+    metrics (on every probe_every-th one the costlier stability metrics too)."""
+    cfg, amp = plan.cfg, plan.amp
+    logged = probes is not None and step % cfg.log_every == 0
+    probing = logged and step % cfg.probe_every == 0
+    if probes is not None:
+        probes.stability.capture = probing and not cfg.compile  # the hooks keep what measure() reads
+    with torch.autocast(plan.device.type, dtype=amp, enabled=amp is not None):
+        logits, loss = forward(x, y)
+    # The logged loss is the cross-entropy alone, comparable across z_loss values.
+    objective = loss + cfg.z_loss * z_loss_term(logits) if cfg.z_loss > 0 else loss
+    objective.backward()
+    if logged:
+        grad_norms = probes.grad_norms()  # before clipping: what the model produced
+    stability = None
+    if probing:  # the costlier metrics (a copy of the weights; attention scores) every probe_every steps
+        probes.before_step()
+        stability = probes.stability.measure(x, logits)  # before the optimizer step: at this forward's weights
+    if cfg.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    if not logged:
+        return loss.item(), {}
+    return probes.collect(loss, grad_norms, model.act_norms, x.numel() * plan.size.d_model, stability)
+
+
+def _finish(run_dir: Path, state: RunState, status: str, step: int, elapsed: float) -> dict:
+    """Write summary.json and drop the checkpoint: a finished run is never resumed."""
+    completed = status == COMPLETED
+    summary = run_summary(status,
+                          final_loss=sum(state.recent) / len(state.recent) if completed and state.recent else None,
+                          final_val_loss=state.val_loss if completed else None,
+                          diverged_at_step=step if status == DIVERGED else None,
+                          steps=step + 1, wall_time_s=elapsed, missing_steps=state.missing)
     write_json_atomic(run_dir / SUMMARY, summary)
-    ckpt_path.unlink(missing_ok=True)  # a finished run is never resumed
+    (run_dir / CHECKPOINT).unlink(missing_ok=True)
     return summary
 
 

@@ -36,10 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from ablate.analysis.load import METRICS, SUMMARY, VARIANT_AXES, RunFiles, read_run_files, scan_runs, setting_keys
+from ablate.analysis.load import VARIANT_AXES, RunFiles, read_run_files, scan_runs, setting_keys
 from ablate.analysis.safe_files import create_temporary, replace_atomic
+from ablate.rundir import COMPLETED, METRICS, RESULT_KEYS, SUMMARY
 
-SUMMARY_FIELDS = ("final_loss", "final_val_loss", "diverged_at_step", "steps", "wall_time_s")
+SUMMARY_FIELDS = RESULT_KEYS  # summary.json's numbers (ablate/rundir.py)
 # What the hyper-parameter table shows beside the axes (the last value of each in a run).
 HPARAM_METRICS = ("summary/final_loss", "summary/final_val_loss", "loss", "val_loss")
 LAYER_KEY = re.compile(r"^(?P<metric>.+)/layer_\d+(?P<part>/[^/]+)?$")
@@ -211,7 +212,7 @@ def export_tensorboard(root: str | Path, out: str | Path) -> Exported:
 
     def session_end(status: str, wall_time: float):
         info = plugin_data_pb2.SessionEndInfo(
-            status=api_pb2.STATUS_SUCCESS if status == "completed" else api_pb2.STATUS_FAILURE, end_time_secs=wall_time)
+            status=api_pb2.STATUS_SUCCESS if status == COMPLETED else api_pb2.STATUS_FAILURE, end_time_secs=wall_time)
         summary = summary_pb2.Summary()
         summary.value.add(tag=metadata.SESSION_END_INFO_TAG, tensor=metadata.NULL_TENSOR,
                           metadata=metadata.create_summary_metadata(plugin_data_pb2.HParamsPluginData(session_end_info=info)))

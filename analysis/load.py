@@ -1,7 +1,8 @@
 """Run directories -> tidy pandas frames.
 
 Reads only the files the training engine writes (config.json, metrics.jsonl, summary.json,
-grid.json; see runs/README.md). It tolerates what a live, crashed or damaged grid leaves
+grid.json; see runs/README.md), by the names, status words and identity keys ablate/rundir.py
+declares (standard library only: analysis imports nothing else of the engine). It tolerates what a live, crashed or damaged grid leaves
 behind: a cell without summary.json is reported as `running`, an unreadable metrics line is
 skipped with a warning (the rows after it are kept), a cell whose config.json or summary.json
 does not parse is left out and named in `Runs.skipped`, and grid.json cells without a folder
@@ -19,7 +20,9 @@ from typing import Any
 import jsonlines
 import pandas as pd
 
-CONFIG, METRICS, SUMMARY, GRID = "config.json", "metrics.jsonl", "summary.json", "grid.json"
+# Re-exported for the rest of analysis (DONE, FINISHED, SETTING_KEYS, SUMMARY).
+from ablate.rundir import (CONFIG, DONE, FINISHED, GRID_JSON, METRICS, RUNNING, SETTING_KEYS, SUMMARY,  # noqa: F401
+                           identity_keys, summary_status)
 
 # The axes of a block variant (design.md); config.json's `variant` holds one value for each.
 VARIANT_AXES = ("norm", "norm_type", "act", "mlp", "residual", "qk_norm")
@@ -27,31 +30,20 @@ VARIANT_AXES = ("norm", "norm_type", "act", "mlp", "residual", "qk_norm")
 AXIS_VALUE_BEFORE_IT_EXISTED = {"qk_norm": "none"}
 # The default block: the baseline a report compares against when none is named.
 DEFAULT_VARIANT_ID = "pre.layernorm.gelu.dense.res"
-# summary.json's status words, as ablate/rundir.py declares them for the engine (analysis never
-# imports the engine; a test holds the two equal). DONE runs are results, a failed one is not.
-DONE = ("completed", "diverged")
-FINISHED = DONE + ("failed",)
-RUNNING = "running"  # a cell folder without summary.json: training, or interrupted
-
 _SEED_SUFFIX = re.compile(r"__seed=[^_]+$")
 
 # Cells are compared only at equal settings: the training options that define the run besides
-# the variant and the seed. config.json lists them (`identity_keys`, declared once with the
-# options); run directories written before it did use this tuple. An option that varies across
-# the folder without being a grid axis (two grids or a stray `ablate train` sharing one --out)
-# becomes an option axis, so a baseline is never paired with a cell trained differently.
-SETTING_KEYS = ("model", "layers", "steps", "lr", "warmup", "schedule", "min_lr_ratio", "batch_size", "seq_len",
-                "weight_decay", "beta1", "beta2", "grad_clip", "diverge_factor")
+# the variant and the seed (rundir.identity_keys: config.json's `identity_keys`, or SETTING_KEYS
+# for a run directory written before it listed them). An option that varies across the folder
+# without being a grid axis (two grids or a stray `ablate train` sharing one --out) becomes an
+# option axis, so a baseline is never paired with a cell trained differently.
 # Handled apart from the settings: the variant by its axes, the seed as the pairing key.
 NOT_SETTINGS = ("seed", "variant", *VARIANT_AXES)
 
 
 def setting_keys(config: dict[str, Any]) -> tuple[str, ...]:
     """The `train` options that define this run, besides its variant and seed."""
-    keys = config.get("identity_keys")
-    if not isinstance(keys, list):
-        return SETTING_KEYS
-    return tuple(k for k in keys if isinstance(k, str) and k not in NOT_SETTINGS)
+    return tuple(k for k in identity_keys(config) if k not in NOT_SETTINGS)
 
 
 class RunsError(ValueError):
@@ -147,7 +139,8 @@ class RunFiles:
 
     @property
     def status(self) -> str:
-        return str((self.summary or {}).get("status", RUNNING))
+        """ablate.rundir's word for the run: its summary's status, or running without one."""
+        return summary_status(self.summary) or RUNNING
 
 
 def load_runs(path: str | Path) -> Runs:
@@ -178,11 +171,11 @@ def scan_runs(path: str | Path) -> Scan:
         return Scan(root, "run", None, [root], [], skipped)
 
     grid = None
-    if (root / GRID).is_file():
+    if (root / GRID_JSON).is_file():
         try:
-            grid = read_json_object(root / GRID)
+            grid = read_json_object(root / GRID_JSON)
         except DamagedFile as e:
-            _skip(skipped, f"{GRID}: {e}; pending cells are not listed")
+            _skip(skipped, f"{GRID_JSON}: {e}; pending cells are not listed")
     cell_dirs = sorted(p for p in root.iterdir() if p.is_dir() and (p / CONFIG).is_file())
     if grid is None and not cell_dirs:
         why = "grid.json is unreadable and no" if skipped else "no config.json, no grid.json, no"

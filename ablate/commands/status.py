@@ -9,10 +9,8 @@ and rate come from the last few kilobytes of its metrics.jsonl, never the whole 
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
-import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -21,13 +19,13 @@ from pathlib import Path
 import jsonlines
 
 from ablate.errors import ConfigError
-from ablate.rundir import COMPLETED, DIVERGED, DONE, FAILED, FINISHED, PENDING, RUNNING, SUMMARY, CellLock
+from ablate import rundir
+from ablate.rundir import (COMPLETED, CONFIG, DIVERGED, DONE, FAILED, FINISHED, GRID_JSON, INTERRUPTED, LOCK, METRICS,
+                           PENDING, RUNNING, open_regular)
 from ablate.timefmt import fmt_time
 
 TAIL_BYTES = 16384  # enough for a few metrics rows of a deep model's per-layer keys
 MAX_TAIL_BYTES = 1 << 20
-# A cell folder with metrics but neither a summary nor a live lock: it resumes on a rerun.
-INTERRUPTED = "interrupted"
 
 
 def add_arguments(p) -> None:
@@ -50,18 +48,6 @@ class CellState:
         if self.planned_steps is None:
             return None
         return max(self.planned_steps - (self.step + 1 if self.step is not None else 0), 0)
-
-
-def open_regular(path: Path):
-    """`path` opened for reading in binary if it is a regular file; OSError otherwise. A FIFO
-    would block the reader until someone writes it (O_NONBLOCK opens it at once, and fstat
-    says what it is); a device or a folder is no run file either."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file", str(path))
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
 
 
 def _read_object(path: Path) -> dict | None:
@@ -112,18 +98,19 @@ def rate(rows: list[dict]) -> float | None:
 
 
 def cell_state(run_dir: Path, cell_id: str, planned: int | None) -> CellState:
-    summary = run_dir / SUMMARY
-    if summary.is_file():
-        status = str((_read_object(summary) or {}).get("status", FAILED))  # damaged: not a result
-        return CellState(cell_id, status if status in FINISHED else FAILED, planned)
-    steps = _object((_read_object(run_dir / "config.json") or {}).get("train")).get("steps")
+    """The cell's status (ablate.rundir.status; a pending cell that logged steps is
+    interrupted) and, while it is unfinished, how far it got."""
+    status = rundir.status(run_dir)
+    if status in FINISHED:
+        return CellState(cell_id, status, planned)
+    steps = _object((_read_object(run_dir / CONFIG) or {}).get("train")).get("steps")
     planned = steps if isinstance(steps, int) else planned
-    running = CellLock(run_dir).is_held_elsewhere()
-    if not running and not (run_dir / "metrics.jsonl").exists():
+    if status == PENDING and not (run_dir / METRICS).exists():
         return CellState(cell_id, PENDING, planned)
-    rows = tail_rows(run_dir / "metrics.jsonl")
+    rows = tail_rows(run_dir / METRICS)
     last = rows[-1] if rows else {}
     losses = [r["loss"] for r in rows if isinstance(r.get("loss"), (int, float))]
+    running = status == RUNNING
     return CellState(cell_id, RUNNING if running else INTERRUPTED, planned, last.get("step"),
                      losses[-1] if losses else None, rate(rows) if running else None)
 
@@ -132,18 +119,18 @@ def grid_states(root: Path) -> tuple[dict | None, list[CellState]]:
     """(grid.json or None, a state per cell: grid.json's cells, then any other cell folder)."""
     if not root.is_dir():
         raise ConfigError(f"{root} is not a folder; valid: a grid folder (grid.json and/or cell folders)")
-    if (root / "config.json").is_file():  # a lone run directory
+    if (root / CONFIG).is_file():  # a lone run directory
         return None, [cell_state(root, root.name, None)]
-    grid = _read_object(root / "grid.json")
+    grid = _read_object(root / GRID_JSON)
     cells = _object(grid).get("cells")
     listed = [c for c in cells if isinstance(c, dict) and isinstance(c.get("id"), str)] if isinstance(cells, list) else []
     base_steps = _object(_object(grid).get("base")).get("steps")
     planned = {c["id"]: _object(c.get("options")).get("steps", base_steps) for c in listed}
     planned = {cid: steps if isinstance(steps, int) else None for cid, steps in planned.items()}
     others = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name not in planned
-                    and ((p / "config.json").is_file() or (p / ".lock").exists()))
+                    and ((p / CONFIG).is_file() or (p / LOCK).exists()))
     if not planned and not others:
-        why = "grid.json is unreadable and there are" if (root / "grid.json").exists() else "no grid.json and"
+        why = f"{GRID_JSON} is unreadable and there are" if (root / GRID_JSON).exists() else f"no {GRID_JSON} and"
         raise ConfigError(f"{root}: {why} no cell folders; valid: a grid folder (grid.json and/or cell folders)")
     ids = list(planned) + others
     return grid, [cell_state(root / cid, cid, planned.get(cid)) for cid in ids]
