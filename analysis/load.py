@@ -19,12 +19,14 @@ from typing import Any
 import jsonlines
 import pandas as pd
 
+from ablate.variant_axes import AXES, VALUE_BEFORE_IT_EXISTED
+
 CONFIG, METRICS, SUMMARY, GRID = "config.json", "metrics.jsonl", "summary.json", "grid.json"
 
 # The axes of a block variant (design.md); config.json's `variant` holds one value for each.
-VARIANT_AXES = ("norm", "norm_type", "act", "mlp", "residual", "qk_norm")
+VARIANT_AXES = AXES  # declared once, in ablate/variant_axes.py (standard library only)
 # Run directories written before an axis existed trained with what is now its default.
-AXIS_VALUE_BEFORE_IT_EXISTED = {"qk_norm": "none"}
+AXIS_VALUE_BEFORE_IT_EXISTED = VALUE_BEFORE_IT_EXISTED
 # The default block: the baseline a report compares against when none is named.
 DEFAULT_VARIANT_ID = "pre.layernorm.gelu.dense.res"
 # summary.json's status words, as ablate/rundir.py declares them for the engine (analysis never
