@@ -104,19 +104,17 @@ def _one_line_warning(command: str):
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    command = argv[0] if argv and argv[0] in COMMANDS else ""  # "": no command given, or a bad one
+    command = ""  # no command given, or a bad one
     try:  # parsing imports the command's module (torch): Ctrl-C there is an interruption too
-        takes_plugins = command and COMMANDS.get(command).takes_plugins
-        if takes_plugins:
-            _load_plugins(_plugins_named(command, argv[1:]))
+        command = _command_named(argv)
+        if command and COMMANDS.get(command).takes_plugins:
+            _load_plugins(_plugins_named(command, argv[1:]))  # entry points too, with no --import
         args = build_parser(only=command).parse_args(argv)
-        if takes_plugins:
-            _load_plugins(args.imports)  # none new, but loads entry points when no --import was given
         with warnings.catch_warnings():
             warnings.showwarning = _one_line_warning(args.command)
             return int(args.run(args) or 0)
     except (ConfigError, RegistryError) as e:  # RegistryError: VariantError, an unknown name
-        print(f"ablate {command}: error: {e}", file=sys.stderr)
+        print(f"ablate{' ' + command if command else ''}: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `ablate variants | head`
         sys.stderr.close()
@@ -125,8 +123,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ablate{' ' + command if command else ''}: interrupted", file=sys.stderr)
         return 130
     except OSError as e:  # the environment: a full disk, a path that cannot be created or written
-        print(f"ablate {command}: error: {describe_os_error(e)}", file=sys.stderr)
+        print(f"ablate{' ' + command if command else ''}: error: {describe_os_error(e)}", file=sys.stderr)
         return 2 if e.errno in USER_FIXABLE_ERRNOS else 1
+
+
+def _command_named(argv: list[str]) -> str:
+    """The command `argv` names, "" when none or an unknown one. A name not built in may be a
+    plugin's command: the plugins named with --import are loaded first, to register it."""
+    if argv and argv[0] not in COMMANDS and not argv[0].startswith("-"):
+        named = _plugins_named(argv[0], argv[1:])
+        if named:
+            _load_plugins(named)
+    return argv[0] if argv and argv[0] in COMMANDS else ""
 
 
 def _load_plugins(names: list[str]) -> None:
