@@ -33,8 +33,8 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, Callable, Mapping
 
-from ablate.checks import above_one as _above_one, at_least as _at_least, beta as _beta  # noqa: F401
-from ablate.checks import non_negative as _non_negative, positive as _positive, unit as _unit
+from ablate.checks import above_one as _above_one, at_least as _at_least, non_negative as _non_negative
+from ablate.checks import positive as _positive, unit as _unit
 from ablate.errors import ConfigError
 from ablate.kernels import BACKENDS as KERNEL_BACKENDS, kernel_choices
 from ablate.registry import ComponentOption, Registry

@@ -161,3 +161,17 @@ def test_a_plugin_optimizer_with_its_own_option_works_end_to_end_from_a_users_fi
     assert "--eps" in _ablate("train", "--import", plugin, "--help", env=env).stdout
     without = _ablate("train", "--eps", "1e-6", *TINY, "--out", out, env=env)
     assert without.returncode == 2 and "unrecognized arguments: --eps" in without.stderr
+
+
+@pytest.mark.slow
+def test_a_grid_file_crosses_a_plugin_optimizers_own_option(tmp_path):
+    (tmp_path / "my_optim.py").write_text(PLUGIN)
+    grid = tmp_path / "g.toml"
+    grid.write_text('name = "g"\nimports = ["my_optim.py"]\n[base]\noptimizer = "adamw_eps"\nsteps = 2\n'
+                    '[axes]\neps = [1e-6, 1e-7]\n')
+    code = ("import sys; from pathlib import Path; from ablate.grids import RUN_IMPORTS, load_grid; "
+            "print(' '.join(c.id for c in load_grid(Path(sys.argv[1]), imports_policy=RUN_IMPORTS).cells))")
+    loaded = subprocess.run([sys.executable, "-c", code, str(grid)], capture_output=True, text=True, timeout=300)
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.split() == ["pre.layernorm.gelu.dense.res__eps=1e-06__seed=0",
+                                     "pre.layernorm.gelu.dense.res__eps=1e-07__seed=0"]
