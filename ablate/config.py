@@ -7,7 +7,8 @@ Options a registered component reads (an optimizer's beta1, a schedule's decay_f
 declared by the component itself, at registration (ablate/registry.py `ComponentOption`): the
 schema adds them after the option that picks the component, with the flag, the validation and
 "applies to" derived from the declarations, so a plugin optimizer's options work like the
-built-ins' without touching the engine.
+built-ins' without touching the engine. Likewise one option per variant axis follows `variant`,
+from the axes' declarations (ablate/variant_axes.py).
 
 Roles:
   experiment   defines the run: changes its numbers. Named in the cell id when given (or when it
@@ -37,7 +38,7 @@ from ablate.checks import above_one as _above_one, at_least as _at_least, non_ne
 from ablate.checks import positive as _positive, unit as _unit
 from ablate.errors import ConfigError
 from ablate.kernels import BACKENDS as KERNEL_BACKENDS, kernel_choices
-from ablate.registry import ComponentOption, Registry
+from ablate.registry import ComponentOption
 from ablate.sizes import SIZES, ModelSize, get_size
 from ablate.variant_axes import AXES, DECLARED_AXES
 from ablate.variants import INITS, OPTIMIZERS, SCHEDULES, VariantError, VariantSpec, make_variant
@@ -201,8 +202,7 @@ def _fmt_default(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def _component_option(owner: str, registry: Registry, name: str,
-                      declared: list[tuple[str, ComponentOption]]) -> Option:
+def _component_option(owner: str, name: str, declared: list[tuple[str, ComponentOption]]) -> Option:
     """One option declared by one or more components of `registry` (beta1: adamw, adam, muon).
     Declared with one default, that is the option's; with several, the option's default is
     None, "each component's own", which `Registry.settings` fills in."""
@@ -236,7 +236,7 @@ def _build_schema() -> dict[str, Option]:
                 taken = "the engine's own" if option_name in _OWN_OPTIONS else f"{out[option_name].applies[0]}'s too"
                 raise ConfigError(f"{registry.axis} {declared[0][0]!r} declares option {option_name!r}, which is "
                                   f"{taken}; valid: another name for it")
-            out[option_name] = _component_option(name, registry, option_name, declared)
+            out[option_name] = _component_option(name, option_name, declared)
     return out
 
 
