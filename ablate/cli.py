@@ -12,8 +12,10 @@ import os
 import signal
 import sys
 import warnings
+from dataclasses import dataclass
 
 from ablate.errors import ConfigError
+from ablate.registry import Registry, RegistryError
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -23,28 +25,34 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-# Each command is a module in ablate/commands/ with `add_arguments(parser)` and `run(args)`;
-# the modules import their heavy dependencies inside `run`, so parsing stays fast.
-COMMANDS = {
-    "variants": "list registered variants with parameter counts",
-    "train": "train one variant with one seed into a run directory",
-    "grid": "run every cell of an ablation grid",
-    "report": "plots and report.md for a grid or a run",
-    "reproduce": "reproduce a published experiment end to end",
-    "ladder": "a claim at a ladder of model sizes: does it hold at scale?",
-    "export": "export runs to TensorBoard or W&B (offline); again adds only what is new",
-    "status": "the state of a grid running anywhere: counts, steps, time left",
-    "kernels": "check or benchmark the kernel backends",
-    "bench": "measure the harness against plain PyTorch",
-}
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: a module with `add_arguments(parser)` and `run(args)`, which imports its heavy
+    dependencies inside `run` so that parsing stays fast."""
+
+    help: str
+    module: str
+    takes_plugins: bool  # builds or reads variants: takes `--import MODULE_OR_FILE` (ablate/plugins.py)
 
 
-# Commands that build or read variants take `--import MODULE_OR_FILE` (ablate/plugins.py).
-PLUGIN_COMMANDS = ("variants", "train", "grid", "reproduce", "ladder", "bench")
+COMMANDS: Registry[Command] = Registry("command", ConfigError)  # a plugin may register a command of its own
 
 
-def _command_module(name: str):
-    return importlib.import_module(f"ablate.commands.{name}")
+def _builtin(name: str, help_text: str, takes_plugins: bool = False) -> None:
+    COMMANDS.register(name, Command(help_text, f"ablate.commands.{name}", takes_plugins))
+
+
+_builtin("variants", "list registered variants with parameter counts", takes_plugins=True)
+_builtin("train", "train one variant with one seed into a run directory", takes_plugins=True)
+_builtin("grid", "run every cell of an ablation grid", takes_plugins=True)
+_builtin("report", "plots and report.md for a grid or a run")
+_builtin("reproduce", "reproduce a published experiment end to end", takes_plugins=True)
+_builtin("ladder", "a claim at a ladder of model sizes: does it hold at scale?", takes_plugins=True)
+_builtin("export", "export runs to TensorBoard or W&B (offline); again adds only what is new")
+_builtin("status", "the state of a grid running anywhere: counts, steps, time left")
+_builtin("kernels", "check or benchmark the kernel backends")
+_builtin("bench", "measure the harness against plain PyTorch", takes_plugins=True)
+IMPORT_FLAG = "--import"
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -52,17 +60,25 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     --help` or `ablate grid ...` does not import every command's dependencies (torch)."""
     parser = OneLineParser(prog="ablate", description="Transformer block ablation harness.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-    for name, help_text in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+    for name, command in COMMANDS.items():
+        p = sub.add_parser(name, help=command.help, description=command.help)
         if only is None or name == only:
-            module = _command_module(name)
+            module = importlib.import_module(command.module)
             module.add_arguments(p)
-            if name in PLUGIN_COMMANDS:
-                p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE_OR_FILE",
+            if command.takes_plugins:
+                p.add_argument(IMPORT_FLAG, dest="imports", action="append", default=[], metavar="MODULE_OR_FILE",
                                help="a plugin: a Python file or module that registers variants, inits, optimizers "
                                     "or schedules (repeatable)")
             p.set_defaults(run=module.run)
     return parser
+
+
+def _plugins_named(command: str, argv: list[str]) -> list[str]:
+    """The `--import` values in `argv`, read before the parser is built: a plugin's options (an
+    optimizer's `--foo`) become flags of the command only once it is imported."""
+    pre = OneLineParser(prog=f"ablate {command}", add_help=False, allow_abbrev=False)
+    pre.add_argument(IMPORT_FLAG, dest="imports", action="append", default=[])
+    return pre.parse_known_args(argv)[0].imports
 
 
 # OSErrors the user can fix (free space, permissions, a path): exit 2 like bad input; any other
@@ -89,39 +105,43 @@ def _one_line_warning(command: str):
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    command = argv[0] if argv and argv[0] in COMMANDS else ""  # "": no command given, or a bad one
+    command = ""  # no command given, or a bad one
     try:  # parsing imports the command's module (torch): Ctrl-C there is an interruption too
+        command = _command_named(argv)
+        if command and COMMANDS.get(command).takes_plugins:
+            _load_plugins(_plugins_named(command, argv[1:]))  # entry points too, with no --import
         args = build_parser(only=command).parse_args(argv)
-    except KeyboardInterrupt:
-        print(f"ablate{' ' + command if command else ''}: interrupted", file=sys.stderr)
-        return 130
-    try:
-        if args.command in PLUGIN_COMMANDS:
-            from ablate import plugins
-
-            plugins.load(args.imports)
         with warnings.catch_warnings():
             warnings.showwarning = _one_line_warning(args.command)
             return int(args.run(args) or 0)
-    except ConfigError as e:
-        print(f"ablate {args.command}: error: {e}", file=sys.stderr)
+    except (ConfigError, RegistryError) as e:  # RegistryError: VariantError, an unknown name
+        print(f"ablate{' ' + command if command else ''}: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `ablate variants | head`
         sys.stderr.close()
         return 0
     except KeyboardInterrupt:
-        print(f"ablate {args.command}: interrupted", file=sys.stderr)
+        print(f"ablate{' ' + command if command else ''}: interrupted", file=sys.stderr)
         return 130
     except OSError as e:  # the environment: a full disk, a path that cannot be created or written
-        print(f"ablate {args.command}: error: {describe_os_error(e)}", file=sys.stderr)
+        print(f"ablate{' ' + command if command else ''}: error: {describe_os_error(e)}", file=sys.stderr)
         return 2 if e.errno in USER_FIXABLE_ERRNOS else 1
-    except Exception as e:
-        from ablate.variants.registry import VariantError  # imported by then: only a command raises it
 
-        if isinstance(e, VariantError):
-            print(f"ablate {args.command}: error: {e}", file=sys.stderr)
-            return 2
-        raise
+
+def _command_named(argv: list[str]) -> str:
+    """The command `argv` names, "" when none or an unknown one. A name not built in may be a
+    plugin's command: the plugins named with --import are loaded first, to register it."""
+    if argv and argv[0] not in COMMANDS and not argv[0].startswith("-"):
+        named = _plugins_named(argv[0], argv[1:])
+        if named:
+            _load_plugins(named)
+    return argv[0] if argv and argv[0] in COMMANDS else ""
+
+
+def _load_plugins(names: list[str]) -> None:
+    from ablate import plugins
+
+    plugins.load(names)
 
 
 _interrupted = []  # set once a SIGINT arrived while the program ran

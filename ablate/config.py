@@ -3,6 +3,13 @@ role. The command line's flags, `--set`, config and grid files, the cell id, the
 refuses a run directory holding other settings, and config.json's `identity_keys` (which
 analysis reads as "the same settings") all derive from the declarations in `TrainConfig`.
 
+Options a registered component reads (an optimizer's beta1, a schedule's decay_fraction) are
+declared by the component itself, at registration (ablate/registry.py `ComponentOption`): the
+schema adds them after the option that picks the component, with the flag, the validation and
+"applies to" derived from the declarations, so a plugin optimizer's options work like the
+built-ins' without touching the engine. Likewise one option per variant axis follows `variant`,
+from the axes' declarations (ablate/variant_axes.py).
+
 Roles:
   experiment   defines the run: changes its numbers. Named in the cell id when given (or when it
                varies in a grid), compared before a run directory is reused, and listed in
@@ -22,17 +29,21 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, Callable, Mapping
 
+from ablate.checks import above_one as _above_one, at_least as _at_least, non_negative as _non_negative
+from ablate.checks import positive as _positive, unit as _unit
 from ablate.errors import ConfigError
-from ablate.kernels import CHOICES as KERNEL_CHOICES
+from ablate.kernels import BACKENDS as KERNEL_BACKENDS, kernel_choices
+from ablate.registry import ComponentOption
 from ablate.sizes import SIZES, ModelSize, get_size
-from ablate.variants import (ACTIVATIONS, AXES, INITS, MLPS, NORMS, OPTIMIZERS, PLACEMENTS, SCHEDULES, VariantError,
-                             VariantSpec, make_variant)
+from ablate.variant_axes import AXES, DECLARED_AXES
+from ablate.variants import INITS, OPTIMIZERS, SCHEDULES, VariantError, VariantSpec, make_variant
 from ablate.variants.inits import default_init
-from ablate.variants.spec import QK_NONE, parse_variant_given
+from ablate.variants.spec import axis_values, parse_variant_given
 
 EXPERIMENT, OBSERVATION, EXECUTION = "experiment", "observation", "execution"
 DEVICES = ("auto", "cpu", "cuda")
@@ -61,54 +72,25 @@ class Option:
         return "--" + self.name.replace("_", "-")
 
 
-def _opt(default, help: str, role: str = EXPERIMENT, choices=None, check=None, applies=None, in_id=True):
+def _opt(default, help: str, role: str = EXPERIMENT, choices=None, check=None, in_id=True, components=None):
+    """An option's declaration. `components`: the registry whose names it takes (an optimizer):
+    its valid values, and the components' own options join the schema after it."""
+    if components is not None:
+        choices = components.names
     return field(default=default, metadata={"help": help, "role": role, "choices": choices, "check": check,
-                                            "applies": applies, "in_id": in_id})
+                                            "in_id": in_id, "components": components})
 
 
-# Range checks: each returns what is valid, or None when the value is fine.
-def _at_least(n):
-    return lambda v: None if v >= n else f"must be at least {n}"
-
-
-def _positive(v):
-    return None if v > 0 else "must be positive"
-
-
-def _non_negative(v):
-    return None if v >= 0 else "must be 0 or more"
-
-
-def _unit(v):
-    return None if 0 <= v <= 1 else "must be in [0, 1]"
-
-
-def _beta(v):
-    return None if 0 <= v < 1 else "must be in [0, 1)"
-
-
-def _above_one(v):
-    return None if v > 1 else "must be above 1"
-
-
+# Range checks (ablate/checks.py holds those a component may declare too).
 def _seed(v):
     return None if 0 <= v <= MAX_SEED else f"must be in 0..{MAX_SEED} (2^63 - 1)"
-
-
-def _axis_choices(registry, *extra):
-    return lambda: [*extra, *registry.names()]
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     # -- the block: a preset, id or axis=value list, and per-axis overrides of it
+    # (after it in the schema: an option per variant axis, declared in ablate/variant_axes.py)
     variant: str = _opt("gpt2", "preset, id or axis=value,... (see `ablate variants`)")
-    norm: str | None = _opt(None, "norm placement", choices=_axis_choices(PLACEMENTS))
-    norm_type: str | None = _opt(None, "norm type", choices=_axis_choices(NORMS))
-    act: str | None = _opt(None, "dense MLP activation", choices=_axis_choices(ACTIVATIONS))
-    mlp: str | None = _opt(None, "MLP type", choices=_axis_choices(MLPS))
-    residual: bool | None = _opt(None, "residual connections (true/false)")
-    qk_norm: str | None = _opt(None, "norm on queries and keys per head", choices=_axis_choices(NORMS, QK_NONE))
     # -- the model
     model: str = _opt("tiny", "size: " + ", ".join(SIZES), choices=lambda: list(SIZES))
     layers: int | None = _opt(None, "number of blocks (default: the size's)", check=_at_least(1))
@@ -117,27 +99,19 @@ class TrainConfig:
     mlp_ratio: float = _opt(4.0, "dense MLP width / d_model (gated MLPs: 2/3 of it, parameter-matched)",
                             check=_positive)
     init: str | None = _opt(None, "weight init (default: the placement's own, gpt2 but deepnet for deepnorm)",
-                            choices=lambda: INITS.names())
-    # -- the optimizer
-    optimizer: str = _opt("adamw", "optimizer", choices=lambda: OPTIMIZERS.names())
+                            components=INITS)
+    # -- the optimizer (and, after it in the schema, the options the optimizers declare: beta1, ...)
+    optimizer: str = _opt("adamw", "optimizer", components=OPTIMIZERS)
     lr: float = _opt(1e-3, "peak learning rate", check=_positive)
     weight_decay: float = _opt(0.1, "weight decay on matrices", check=_non_negative)
-    beta1: float = _opt(0.9, "Adam beta1", check=_beta, applies=("optimizer", ("adamw", "adam", "muon")))
-    beta2: float = _opt(0.95, "Adam beta2", check=_beta, applies=("optimizer", ("adamw", "adam", "muon")))
-    momentum: float | None = _opt(None, "momentum (default 0.9 for sgd, 0.95 for muon)", check=_beta,
-                                  applies=("optimizer", ("sgd", "muon")))
-    nesterov: bool | None = _opt(None, "Nesterov momentum (default false for sgd, true for muon)",
-                                 applies=("optimizer", ("sgd", "muon")))
     grad_clip: float = _opt(0.0, "clip the gradient norm (0 = off)", check=_non_negative)
     z_loss: float = _opt(0.0, "coefficient of mean(logsumexp(logits)^2) added to the loss (PaLM: 1e-4)",
                          check=_non_negative)
     # -- the schedule
     steps: int = _opt(300, "training steps", check=_at_least(1))
     warmup: int = _opt(0, "linear warmup steps", check=_non_negative)
-    schedule: str = _opt("cosine", "after warmup: constant, cosine or wsd", choices=lambda: SCHEDULES.names())
+    schedule: str = _opt("cosine", "after warmup: constant, cosine or wsd", components=SCHEDULES)
     min_lr_ratio: float = _opt(0.1, "final lr / peak lr (cosine, wsd)", check=_unit)
-    decay_fraction: float = _opt(0.2, "wsd: the last fraction of steps that decays linearly", check=_unit,
-                                 applies=("schedule", ("wsd",)))
     # -- the data and the batches
     seed: int = _opt(0, "initial weights and batch order", check=_seed)
     data: str | None = _opt(None, "text file, folder of text files, or llm.c .bin shard(s); default: the stdlib's sources",
@@ -157,8 +131,8 @@ class TrainConfig:
     probe_every: int = _opt(10, "stability probes (attention logits, output logits, rank collapse) every N steps",
                             OBSERVATION, check=_at_least(1))
     # -- how it executes
-    kernels: str = _opt("auto", "kernel backend: " + ", ".join(KERNEL_CHOICES), EXECUTION,
-                        choices=lambda: list(KERNEL_CHOICES))
+    kernels: str = _opt("auto", "kernel backend: " + ", ".join((*KERNEL_BACKENDS, "auto")), EXECUTION,
+                        choices=kernel_choices)
     device: str = _opt("auto", "auto, cpu or cuda", EXECUTION, choices=lambda: list(DEVICES))
     threads: int | None = _opt(None, "CPU threads (default: torch's)", EXECUTION, check=_at_least(1))
     compile: bool = _opt(False, "torch.compile the model", EXECUTION)
@@ -166,6 +140,17 @@ class TrainConfig:
                                       "paths do (unstable cells run up to 4x faster); a run keeps the value it "
                                       "started with (one without it recorded: false)", EXECUTION)
     checkpoint_every: int = _opt(100, "checkpoint every N steps", EXECUTION, check=_at_least(1))
+    # -- the options declared elsewhere (the variant axes, the components' own: beta1, a plugin's):
+    # (name, value) for each given away from its default. Read as attributes (cfg.norm, cfg.beta1),
+    # listed by as_dict with the rest.
+    extra_options: tuple = field(default=(), metadata={"extra_options": True})
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for a name that is not a field: an option declared elsewhere, or nothing.
+        settings = vars(self).get("extra_options")
+        if settings is None or name.startswith("__") or name not in OPTIONS:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return dict(settings).get(name, OPTIONS[name].default)
 
     @cached_property
     def spec(self) -> VariantSpec:
@@ -191,31 +176,144 @@ class TrainConfig:
         return self.init or default_init(self.spec)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every option's value (the components' options too), as config.json records them."""
+        return {name: getattr(self, name) for name in OPTIONS}
 
 
 def _declare() -> dict[str, Option]:
+    """The options TrainConfig declares itself, in its order."""
     out = {}
     for f in fields(TrainConfig):
+        m = f.metadata
+        if m.get("extra_options"):
+            continue
         kind_text = str(f.type)
         kind = next(t for name, t in (("bool", bool), ("int", int), ("float", float), ("str", str)) if kind_text.startswith(name))
-        m = f.metadata
         out[f.name] = Option(f.name, kind, "None" in kind_text, f.default, m["help"], m["role"], m["choices"],
-                             m["check"], m["applies"], m["in_id"])
+                             m["check"], None, m["in_id"])
     return out
 
 
-OPTIONS: dict[str, Option] = _declare()
-OPTION_NAMES = tuple(OPTIONS)
+_OWN_OPTIONS = _declare()
+# option -> the registry of the components it picks (optimizer -> OPTIMIZERS), whose options follow it
+_COMPONENT_REGISTRIES = {f.name: f.metadata["components"] for f in fields(TrainConfig)
+                         if f.metadata.get("components") is not None}
+
+
+def _fmt_default(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _component_option(owner: str, name: str, declared: list[tuple[str, ComponentOption]]) -> Option:
+    """One option declared by one or more components of `registry` (beta1: adamw, adam, muon).
+    Declared with one default, that is the option's; with several, the option's default is
+    None, "each component's own", which `Registry.settings` fills in."""
+    first = declared[0][1]
+    defaults = {repr(o.default) for _, o in declared}
+    if len(defaults) == 1:
+        default, help_text = first.default, first.help
+    else:
+        default = None
+        help_text = f"{first.help} (default " + ", ".join(
+            f"{_fmt_default(o.default)} for {component}" for component, o in declared) + ")"
+    return Option(name, first.kind, default is None, default, help_text, EXPERIMENT, None, first.check,
+                  (owner, tuple(component for component, _ in declared)), True)
+
+
+def _axis_option(axis) -> Option:
+    """A per-axis override of `variant`; checked by the variant rules (which know residual's spellings)."""
+    choices = None if axis.kind is bool else (lambda: axis_values(axis))
+    return Option(axis.name, axis.kind, True, None, axis.help, EXPERIMENT, choices, None, None, True)
+
+
+def _build_schema() -> dict[str, Option]:
+    out: dict[str, Option] = {}
+    for name, option in _OWN_OPTIONS.items():
+        out[name] = option
+        if name == "variant":
+            out.update((axis.name, _axis_option(axis)) for axis in DECLARED_AXES)
+        registry = _COMPONENT_REGISTRIES.get(name)
+        for option_name, declared in (registry.declared_options().items() if registry else ()):
+            if option_name in _OWN_OPTIONS or option_name in out or option_name in AXES:
+                taken = "the engine's own" if option_name in _OWN_OPTIONS else f"{out[option_name].applies[0]}'s too"
+                raise ConfigError(f"{registry.axis} {declared[0][0]!r} declares option {option_name!r}, which is "
+                                  f"{taken}; valid: another name for it")
+            out[option_name] = _component_option(name, option_name, declared)
+    return out
+
+
+class _Schema(Mapping):
+    """OPTIONS: name -> Option, the declared options and the components' own. Follows the
+    registries, so that a plugin imported after this module (`--import`, a grid's imports, a
+    worker loading a cell's plugins) adds its components' options everywhere they are read."""
+
+    def __init__(self):
+        self._cache: tuple[tuple[int, ...], dict[str, Option]] | None = None
+
+    def _current(self) -> dict[str, Option]:
+        versions = tuple(r.version for r in _COMPONENT_REGISTRIES.values())
+        if self._cache is None or self._cache[0] != versions:
+            self._cache = (versions, _build_schema())
+        return self._cache[1]
+
+    def __getitem__(self, name: str) -> Option:
+        return self._current()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._current())
+
+    def __len__(self) -> int:
+        return len(self._current())
+
+
+class _Names(Sequence):
+    """A tuple of option names derived from OPTIONS, and kept derived as plugins register."""
+
+    def __init__(self, keep: Callable[[str, Option], bool]):
+        self._keep = keep
+
+    def _names(self) -> tuple[str, ...]:
+        return tuple(n for n, o in OPTIONS.items() if self._keep(n, o))
+
+    def __getitem__(self, index):
+        return self._names()[index]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names()
+
+    def __add__(self, other) -> tuple:
+        return self._names() + tuple(other)
+
+    def __radd__(self, other) -> tuple:
+        return tuple(other) + self._names()
+
+    def __eq__(self, other) -> bool:
+        return tuple(self) == (tuple(other) if isinstance(other, Sequence) else other)
+
+    def __hash__(self) -> int:
+        return hash(self._names())
+
+    def __repr__(self) -> str:
+        return repr(self._names())
+
+
+OPTIONS: Mapping[str, Option] = _Schema()
+OPTION_NAMES = _Names(lambda name, o: True)
 # Derived from the roles, so they can never disagree:
-IDENTITY_KEYS = tuple(n for n, o in OPTIONS.items() if o.role == EXPERIMENT)  # config.json identity_keys
-EXECUTION_KEYS = tuple(n for n, o in OPTIONS.items() if o.role == EXECUTION)
+IDENTITY_KEYS = _Names(lambda name, o: o.role == EXPERIMENT)  # config.json identity_keys
+EXECUTION_KEYS = tuple(n for n, o in _OWN_OPTIONS.items() if o.role == EXECUTION)  # a component's are experiments
 # Compared before a run directory is reused: everything but the execution options that leave the
 # bits alone and those with a rule of their own in ablate.train (threads and flush_denormal: a
 # run keeps the value it started with, and asking for another one explicitly is refused).
 NOT_COMPARED = ("threads", "flush_denormal", "checkpoint_every")
 # Named in an `ablate train` cell id when given away from its default.
-TRAIN_ID_OPTIONS = tuple(n for n in IDENTITY_KEYS if OPTIONS[n].in_id and n not in AXES + ("variant", "seed"))
+TRAIN_ID_OPTIONS = _Names(lambda n, o: o.role == EXPERIMENT and o.in_id and n not in AXES + ("variant", "seed"))
 
 
 def resolve_variant(variant: str, axes: Mapping[str, Any], strict: bool = False) -> VariantSpec:
@@ -312,9 +410,17 @@ def resolve(options: Mapping[str, Any], strict: bool = True) -> TrainConfig:
     unknown = sorted(set(options) - set(OPTION_NAMES))
     if unknown:
         raise ConfigError(f"unknown option {unknown[0]!r}; valid: {', '.join(OPTION_NAMES)}")
-    cfg = TrainConfig(**{k: coerce_option(k, v) for k, v in options.items()})
+    cfg = _config(**{k: coerce_option(k, v) for k, v in options.items()})
     _check(cfg, set(options), strict)
     return cfg
+
+
+def _config(**values: Any) -> TrainConfig:
+    """A TrainConfig from checked values: the options declared elsewhere go into its extra_options,
+    those at their default left out, so that equal settings make equal configs."""
+    own = {k: v for k, v in values.items() if k in _OWN_OPTIONS}
+    extra = tuple(sorted((k, v) for k, v in values.items() if k not in own and v != OPTIONS[k].default))
+    return TrainConfig(**own, extra_options=extra)
 
 
 def _fmt(value: Any) -> str:

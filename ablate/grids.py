@@ -339,16 +339,19 @@ def _effective(cfg: TrainConfig, key: str) -> Any:
 # Two cells of a grid are the same run when ablate.rundir.identity says so (as it says whether a
 # run folder holds the run asked for), over every option but the execution ones; the variant
 # axes are compared as the variant they make.
-GRID_COMPARED = {k: OPTIONS[k].default for k in OPTION_NAMES if k not in AXES + NOT_IDENTITY}
+def grid_compared() -> dict:
+    """Worked out when asked: a plugin's component options join OPTIONS when it is imported."""
+    return {k: OPTIONS[k].default for k in OPTION_NAMES if k not in AXES + NOT_IDENTITY}
 
 
 def _identity(cfg: TrainConfig) -> tuple:
     """The identity of `cfg`'s run, from the config.json fields it would write, resolved as far
     as a grid can without reading data (data is compared by its option, not its fingerprint)."""
-    record = {"train": {k: _effective(cfg, k) for k in GRID_COMPARED}, "variant": {"id": cfg.spec.id},
-              "model": {"n_layer": cfg.size.n_layer, "init": cfg.init}, "data": {"fingerprint": cfg.data},
+    compared = grid_compared()
+    record = {"train": {k: _effective(cfg, k) for k in compared}, "variant": {"id": cfg.spec.id},
+              "model": {"n_layer": cfg.size.n_layer, "d_model": cfg.size.d_model, "init": cfg.init}, "data": {"fingerprint": cfg.data},
               "dtype": cfg.dtype}
-    return tuple(identity(record, GRID_COMPARED).items())
+    return tuple(identity(record, compared).items())
 
 
 def _matches(cfg: TrainConfig, entry: Mapping[str, Any], seed: int) -> bool:

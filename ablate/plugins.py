@@ -2,8 +2,12 @@
 their own, without touching the package.
 
 A plugin is a Python file (`--import my_blocks.py`) or an importable module (`--import
-mylab.blocks`) that registers values in the registries of `ablate.variants` when imported. Three
-ways to name one, all loaded the same way:
+mylab.blocks`) that registers values when imported, through the same `Registry.register` as the
+built-ins (ablate/registry.py): variants, inits, optimizers and schedules in `ablate.variants`
+(an optimizer or schedule with `options=` of its own, which become flags), kernel backends,
+run backends, CLI commands, claim measures and plot kinds. Named with `--import`, a plugin is
+loaded before the command line is parsed, so its options and commands are there. Three ways to
+name one, all loaded the same way:
 
     ablate train --import my_blocks.py --variant act=mish ...   (repeatable, on every command
                                                                  that builds or reads variants)

@@ -177,7 +177,9 @@ def run_config(cell, cfg: TrainConfig, size: ModelSize, data: TokenData, device:
 # or what is logged (ablate/config.py: all but NOT_COMPARED), with the default a config written
 # before it existed had. The variant axes are compared as the variant they resolve to (its id):
 # `--variant post-ln` and `--norm post` are one variant.
-COMPARED = {k: OPTIONS[k].default for k in OPTIONS if k not in NOT_COMPARED + AXES}
+def compared() -> dict:
+    """Worked out when asked: a plugin's component options join OPTIONS when it is imported."""
+    return {k: OPTIONS[k].default for k in OPTIONS if k not in NOT_COMPARED + AXES}
 
 
 def _shown(config: dict, key: str) -> str:
@@ -185,7 +187,7 @@ def _shown(config: dict, key: str) -> str:
     if key == "data":
         data = config["data"]
         return f"{data.get('path')!r} ({str(data.get('fingerprint'))[:19]})"
-    return repr(identity(config, COMPARED)[key])
+    return repr(identity(config, compared())[key])
 
 
 def _read_config(run_dir: Path) -> dict | None:
@@ -203,7 +205,7 @@ def _read_config(run_dir: Path) -> dict | None:
 
 
 def _refuse_another_run(run_dir: Path, old: dict, new: dict) -> None:
-    differ = differing(old, new, COMPARED)
+    differ = differing(old, new, compared())
     if differ:
         was = ", ".join(f"{k}={_shown(old, k)}" for k in differ)
         now = ", ".join(f"{k}={_shown(new, k)}" for k in differ)

@@ -34,6 +34,7 @@ import pandas as pd
 from ablate.analysis.load import Runs, layer_columns
 from ablate.analysis.outcomes import DIVERGED, FAILED, FAILED_TRAINING, SCORING_RULE
 from ablate.analysis.lr_sensitivity import DEFAULT_TOLERANCE, MIN_LRS, basin, lr_curve, per_seed_sensitivity
+from ablate.registry import Registry
 
 
 class MeasureUnavailable(ValueError):
@@ -71,7 +72,7 @@ class Measure:
     higher_is_worse: bool  # for non-inferiority: which way "worse" points
 
 
-MEASURES: dict[str, Measure] = {}
+MEASURES: Registry[Measure] = Registry("measure")
 TESTS = ("t", "binary", "exact")
 
 
@@ -82,10 +83,9 @@ def measure(name: str, unit: str, description: str, test: str = "t", consumes: t
         raise ValueError(f"test {test!r}; valid: {', '.join(TESTS)}")
 
     def register(fn):
-        if name in MEASURES:
-            raise ValueError(f"measure {name!r} is already registered")
-        MEASURES[name] = Measure(name, fn, unit, test, tuple(consumes), description, per_cell=not consumes,
-                                 requires=dict(requires or {}), higher_is_worse=higher_is_worse)
+        MEASURES.register(name, Measure(name, fn, unit, test, tuple(consumes), description, per_cell=not consumes,
+                                        requires=dict(requires or {}), higher_is_worse=higher_is_worse),
+                          origin=fn.__module__)
         return fn
 
     return register

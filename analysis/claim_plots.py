@@ -35,10 +35,11 @@ from ablate.analysis.load import DONE, layer_columns  # noqa: E402
 from ablate.analysis.plots import (DIVERGED_COLOUR, ENTROPY_COLOUR, FAST_DRAWING, Layout, _finish, _styled,  # noqa: E402
                                    log_y, panel_figure, panel_title, save_figure)
 from ablate.analysis.selection import select  # noqa: E402
+from ablate.registry import Registry  # noqa: E402
 
 COMPLETED, DIVERGED = DONE  # summary.json's words, as analysis/load.py declares them
 SEED_ALPHA = 0.35  # each seed's thin line behind the mean
-PLOTS: dict = {}
+PLOTS: Registry = Registry("plot kind")
 
 
 @dataclass
@@ -53,14 +54,8 @@ class ClaimFigure:
 
 
 def plot_kind(name: str):
-    """Register a plot kind under `name`; a name already taken is refused (ValueError)."""
-    def register(fn):
-        if name in PLOTS:
-            raise ValueError(f"plot kind {name!r} is already registered")
-        PLOTS[name] = fn
-        return fn
-
-    return register
+    """Register a plot kind under `name`; a name already taken is refused (RegistryError, a ValueError)."""
+    return PLOTS.register(name)
 
 
 def write_claim_plots(claim, ctx, out_dir: Path, dpi: int = 110) -> dict:

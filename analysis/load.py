@@ -23,11 +23,12 @@ import pandas as pd
 # Re-exported for the rest of analysis (DONE, FINISHED, SETTING_KEYS, SUMMARY).
 from ablate.rundir import (CONFIG, DONE, FINISHED, GRID_JSON, METRICS, RUNNING, SETTING_KEYS, SUMMARY,  # noqa: F401
                            identity_keys, summary_status)
+from ablate.variant_axes import AXES, VALUE_BEFORE_IT_EXISTED
 
 # The axes of a block variant (design.md); config.json's `variant` holds one value for each.
-VARIANT_AXES = ("norm", "norm_type", "act", "mlp", "residual", "qk_norm")
+VARIANT_AXES = AXES  # declared once, in ablate/variant_axes.py (standard library only)
 # Run directories written before an axis existed trained with what is now its default.
-AXIS_VALUE_BEFORE_IT_EXISTED = {"qk_norm": "none"}
+AXIS_VALUE_BEFORE_IT_EXISTED = VALUE_BEFORE_IT_EXISTED
 # The default block: the baseline a report compares against when none is named.
 DEFAULT_VARIANT_ID = "pre.layernorm.gelu.dense.res"
 _SEED_SUFFIX = re.compile(r"__seed=[^_]+$")

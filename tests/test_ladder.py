@@ -224,3 +224,14 @@ def test_a_size_the_data_cannot_feed_is_one_line(capsys, tmp_path):
     grid = tmp_path / "two.toml"
     grid.write_text(f'[base]\ndata = "{data}"\n[axes]\nact = ["gelu", "relu"]\nseed = [0, 1]\n')
     assert "shorter than one context window" in _refused(capsys, tmp_path, str(grid))
+
+
+def test_a_width_axis_makes_distinct_cells_named_by_their_width(tmp_path):
+    from ablate.grids import load_grid
+
+    grid = tmp_path / "widths.toml"
+    grid.write_text('[base]\nsteps = 2\n[axes]\nwidth = [32, 64, 128]\nseed = [0]\n')
+    ids = [c.id for c in load_grid(grid).cells]
+    assert ids == ["pre.layernorm.gelu.dense.res__width=32__seed=0",
+                   "pre.layernorm.gelu.dense.res__width=64__seed=0",  # named: it varies in the grid
+                   "pre.layernorm.gelu.dense.res__width=128__seed=0"]

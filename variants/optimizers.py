@@ -4,19 +4,27 @@ checkpoints `state_dict()`.
 
     adamw  decoupled weight decay on matrices, none on biases and gains (GPT-2; the default)
     adam   Adam with the L2 penalty `weight_decay` on matrices added to the gradient (coupled)
-    sgd    SGD with momentum (0.9 unless `momentum` says otherwise), weight decay on matrices
+    sgd    SGD with momentum (`momentum`, 0.9 by default), weight decay on matrices
     muon   torch.optim.Muon for the blocks' 2-D weight matrices, AdamW for the rest (embeddings,
            biases, norm gains), as modded-nanogpt does; Muon's update is scaled to AdamW's RMS
            (Moonshot's "match_rms_adamw"), so both take the same `lr` and `weight_decay`
 
-Options specific to some optimizers (beta1/beta2, momentum, nesterov) are refused with another
-(ablate/config.py `applies`).
+Each optimizer declares the options it reads (`options=` at registration: name, type, default,
+help, range check); ablate/config.py turns them into flags and refuses one given with an optimizer
+that does not declare it. Two optimizers may share an option with different defaults (momentum:
+0.9 for sgd, 0.95 for muon): the flag's default is then "the optimizer's own", and `build` reads
+`OPTIMIZERS.settings(name, cfg)`, which fills in its own default.
 """
 from __future__ import annotations
 
 import torch
 
-from ablate.variants.registry import OPTIMIZERS
+from ablate.checks import beta
+from ablate.variants.registry import OPTIMIZERS, ComponentOption
+
+BETA1 = ComponentOption("beta1", float, 0.9, "Adam beta1", beta)
+BETA2 = ComponentOption("beta2", float, 0.95, "Adam beta2", beta)
+ADAM_OPTIONS = (BETA1, BETA2)
 
 
 def decay_groups(params: list[tuple[str, torch.nn.Parameter]], weight_decay: float) -> list[dict]:
@@ -29,32 +37,34 @@ def _named(model) -> list[tuple[str, torch.nn.Parameter]]:
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
 
-@OPTIMIZERS.register("adamw")
+@OPTIMIZERS.register("adamw", options=ADAM_OPTIONS)
 class AdamW:
     @staticmethod
     def build(model, cfg) -> torch.optim.Optimizer:
+        o = OPTIMIZERS.settings("adamw", cfg)
         # fused: one kernel for all parameters, on the CPU too (5x faster than the per-tensor loop
         # torch picks by default there; measured with `ablate bench`).
         return torch.optim.AdamW(decay_groups(_named(model), cfg.weight_decay), lr=cfg.lr,
-                                 betas=(cfg.beta1, cfg.beta2), fused=True)
+                                 betas=(o["beta1"], o["beta2"]), fused=True)
 
 
-@OPTIMIZERS.register("adam")
+@OPTIMIZERS.register("adam", options=ADAM_OPTIONS)
 class Adam:
     @staticmethod
     def build(model, cfg) -> torch.optim.Optimizer:
+        o = OPTIMIZERS.settings("adam", cfg)
         return torch.optim.Adam(decay_groups(_named(model), cfg.weight_decay), lr=cfg.lr,
-                                betas=(cfg.beta1, cfg.beta2), fused=True)
+                                betas=(o["beta1"], o["beta2"]), fused=True)
 
 
-@OPTIMIZERS.register("sgd")
+@OPTIMIZERS.register("sgd", options=(ComponentOption("momentum", float, 0.9, "momentum", beta),
+                                     ComponentOption("nesterov", bool, False, "Nesterov momentum")))
 class SGD:
     @staticmethod
     def build(model, cfg) -> torch.optim.Optimizer:
-        momentum = 0.9 if cfg.momentum is None else cfg.momentum
-        nesterov = bool(cfg.nesterov) and momentum > 0
-        return torch.optim.SGD(decay_groups(_named(model), cfg.weight_decay), lr=cfg.lr, momentum=momentum,
-                               nesterov=nesterov)
+        o = OPTIMIZERS.settings("sgd", cfg)
+        return torch.optim.SGD(decay_groups(_named(model), cfg.weight_decay), lr=cfg.lr, momentum=o["momentum"],
+                               nesterov=o["nesterov"] and o["momentum"] > 0)
 
 
 def is_hidden_matrix(name: str, p: torch.Tensor) -> bool:
@@ -88,17 +98,17 @@ class Combined:
             opt.load_state_dict(state_dict[name])
 
 
-@OPTIMIZERS.register("muon")
+@OPTIMIZERS.register("muon", options=(*ADAM_OPTIONS, ComponentOption("momentum", float, 0.95, "momentum", beta),
+                                      ComponentOption("nesterov", bool, True, "Nesterov momentum")))
 class Muon:
     @staticmethod
     def build(model, cfg) -> Combined:
+        o = OPTIMIZERS.settings("muon", cfg)  # beta1/beta2: its AdamW part's
         named = _named(model)
         hidden = [p for n, p in named if is_hidden_matrix(n, p)]
         rest = [(n, p) for n, p in named if not is_hidden_matrix(n, p)]
-        momentum = 0.95 if cfg.momentum is None else cfg.momentum
-        nesterov = True if cfg.nesterov is None else cfg.nesterov
-        muon = torch.optim.Muon(hidden, lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=momentum,
-                                nesterov=nesterov, adjust_lr_fn="match_rms_adamw")
-        adamw = torch.optim.AdamW(decay_groups(rest, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+        muon = torch.optim.Muon(hidden, lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=o["momentum"],
+                                nesterov=o["nesterov"], adjust_lr_fn="match_rms_adamw")
+        adamw = torch.optim.AdamW(decay_groups(rest, cfg.weight_decay), lr=cfg.lr, betas=(o["beta1"], o["beta2"]),
                                   fused=True)
         return Combined({"muon": muon, "adamw": adamw})

@@ -6,12 +6,15 @@ engine's (ablate/schedule.py), the same for every schedule.
     cosine    min_lr_ratio + (1 - min_lr_ratio) (1 + cos(pi t)) / 2
     wsd       warmup-stable-decay (Hu et al. 2024, MiniCPM): 1 until the last `decay_fraction`
               of the steps, then linear to min_lr_ratio at the last step
+
+A schedule declares the options it reads (`options=`, as optimizers do: ablate/variants/optimizers.py).
 """
 from __future__ import annotations
 
 import math
 
-from ablate.variants.registry import SCHEDULES
+from ablate.checks import unit
+from ablate.variants.registry import SCHEDULES, ComponentOption
 
 
 @SCHEDULES.register("constant")
@@ -24,9 +27,11 @@ def cosine(t: float, cfg) -> float:
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
 
 
-@SCHEDULES.register("wsd")
+@SCHEDULES.register("wsd", options=(ComponentOption("decay_fraction", float, 0.2,
+                                                      "wsd: the last fraction of steps that decays linearly", unit),))
 def wsd(t: float, cfg) -> float:
-    stable = 1 - cfg.decay_fraction
-    if t <= stable or cfg.decay_fraction == 0:
+    decay = SCHEDULES.settings("wsd", cfg)["decay_fraction"]
+    stable = 1 - decay
+    if t <= stable or decay == 0:
         return 1.0
-    return 1 - (1 - cfg.min_lr_ratio) * (t - stable) / cfg.decay_fraction
+    return 1 - (1 - cfg.min_lr_ratio) * (t - stable) / decay

@@ -3,44 +3,27 @@ refuse unknown or contradictory combinations up front."""
 from __future__ import annotations
 
 import itertools
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, field, make_dataclass
 from typing import Any, Iterator, Mapping
 
-from ablate.variants.registry import ACTIVATIONS, MLPS, NORMS, PLACEMENTS, PRESETS, VariantError
+from ablate.variant_axes import AXES, DEFAULTS, DECLARED_AXES, Axis
+from ablate.variants.registry import AXIS_VALUES, MLPS, PLACEMENTS, PRESETS, VariantError
 
-AXES = ("norm", "norm_type", "act", "mlp", "residual", "qk_norm")
-DEFAULTS: dict[str, Any] = {
-    "norm": "pre",
-    "norm_type": "layernorm",
-    "act": "gelu",
-    "mlp": "dense",
-    "residual": True,
-    "qk_norm": "none",
-}
-QK_NONE = "none"  # no norm on queries and keys; any other qk_norm value is a registered norm type
+QK_NONE = DEFAULTS["qk_norm"]  # no norm on queries and keys; any other qk_norm value is a registered norm type
 _TRUE, _FALSE = ("true", "1", "yes", "res", "on"), ("false", "0", "no", "nores", "off")
 
 
-@dataclass(frozen=True)
-class VariantSpec:
-    """One block design. `act` is None for gated MLPs (they fix their own gate activation)
-    and `norm_type` is None when there are no norms, so that equal blocks have equal specs."""
-
-    norm: str = "pre"
-    norm_type: str | None = "layernorm"
-    act: str | None = "gelu"
-    mlp: str = "dense"
-    residual: bool = True
-    qk_norm: str = QK_NONE  # normalise queries and keys per head (Dehghani et al. 2023)
-
+class _SpecMethods:
     @property
     def id(self) -> str:
         """Readable and stable, e.g. `post.layernorm.relu.dense.res`; used as a directory name.
         An axis added later appears only away from its default (`...res.qk-layernorm`), so the
         ids of run directories made before it existed still name the same blocks."""
         parts = [self.norm, self.norm_type, self.act, self.mlp, "res" if self.residual else "nores"]
-        if self.qk_norm != QK_NONE:
-            parts.append(f"qk-{self.qk_norm}")
+        for axis in _LATER_AXES:
+            value = getattr(self, axis.name)
+            if value != axis.default:
+                parts.append(f"{axis.id_prefix}{value}")
         return ".".join(p for p in parts if p is not None)
 
     def axes(self) -> dict[str, Any]:
@@ -48,6 +31,35 @@ class VariantSpec:
 
     def __str__(self) -> str:
         return self.id
+
+
+_LATER_AXES = tuple(a for a in DECLARED_AXES if a.id_prefix)
+_TYPES = {str: "str | None", bool: "bool"}  # a str axis is None where the block has no such part
+VariantSpec = make_dataclass("VariantSpec", [(a.name, _TYPES[a.kind], field(default=a.default)) for a in DECLARED_AXES],
+                             bases=(_SpecMethods,), frozen=True)
+VariantSpec.__module__ = __name__  # pickled by name, as a class written here would be
+VariantSpec.__doc__ = """One block design, a value per axis (ablate/variant_axes.py). `act` is None for gated
+MLPs (they fix their own gate activation) and `norm_type` is None when there are no norms, so
+that equal blocks have equal specs."""
+
+
+def axis_values(axis: Axis) -> list:
+    """What `axis` takes: its registry's names (and any extra value), or both booleans."""
+    if axis.registry is None:
+        return [True, False]
+    return [*axis.extra_values, *AXIS_VALUES[axis.registry]]
+
+
+def _checked_value(axis: Axis, value: Any) -> Any:
+    if axis.kind is bool:
+        return parse_bool(value)
+    if not axis.extra_values:
+        AXIS_VALUES[axis.registry].get(value)  # unknown: one line naming what is valid
+        return value
+    value = str(value)
+    if value not in axis_values(axis):
+        raise VariantError(f"unknown {axis.name} {value!r}; valid: {', '.join(axis_values(axis))}")
+    return value
 
 
 def parse_bool(value: Any) -> bool:
@@ -75,14 +87,8 @@ def make_variant(strict: bool = True, implied: Mapping[str, Any] | None = None, 
     if unknown:
         raise VariantError(f"unknown variant axis {unknown[0]!r}; valid: {', '.join(AXES)}")
     values = {**DEFAULTS, **{k: v for k, v in (implied or {}).items() if v is not None}, **axes}
-    placement = PLACEMENTS.get(values["norm"])
-    mlp = MLPS.get(values["mlp"])
-    residual = parse_bool(values["residual"])
-    norm_type = NORMS.get(values["norm_type"]) and values["norm_type"]
-    act = ACTIVATIONS.get(values["act"]) and values["act"]
-    qk_norm = str(values["qk_norm"])
-    if qk_norm != QK_NONE and qk_norm not in NORMS:
-        raise VariantError(f"unknown qk_norm {qk_norm!r}; valid: {', '.join([QK_NONE, *NORMS])}")
+    values = {axis.name: _checked_value(axis, values[axis.name]) for axis in DECLARED_AXES}
+    placement, mlp, residual = PLACEMENTS.get(values["norm"]), MLPS.get(values["mlp"]), values["residual"]
 
     if placement.requires_residual and not residual:
         raise VariantError(
@@ -96,29 +102,31 @@ def make_variant(strict: bool = True, implied: Mapping[str, Any] | None = None, 
                 f"act={axes['act']} does not apply to mlp={values['mlp']}, whose gate is "
                 f"{mlp.gate_act}; valid: leave act out, or use mlp=dense"
             )
-        act = None
+        values["act"] = None
     if not placement.needs_norms:
         if strict and "norm_type" in axes and axes["norm_type"] != DEFAULTS["norm_type"]:
             raise VariantError(
                 f"norm_type={axes['norm_type']} does not apply to norm={values['norm']}; "
                 f"valid: leave norm_type out, or use norm={', '.join(n for n in PLACEMENTS if PLACEMENTS.get(n).needs_norms)}"
             )
-        norm_type = None
-    return VariantSpec(values["norm"], norm_type, act, values["mlp"], residual, qk_norm)
+        values["norm_type"] = None
+    return VariantSpec(**values)
 
 
 def _from_id(text: str) -> VariantSpec:
     parts = text.split(".")
     axes: dict[str, Any] = {"norm": parts.pop(0)}
-    if len(parts) > 1 and parts[-1].startswith("qk-"):
-        axes["qk_norm"] = parts.pop()[3:]
+    for axis in reversed(_LATER_AXES):  # their suffixes, in declaration order at the end
+        if len(parts) > 1 and parts[-1].startswith(axis.id_prefix):
+            axes[axis.name] = parts.pop()[len(axis.id_prefix):]
     if axes["norm"] in PLACEMENTS and PLACEMENTS.get(axes["norm"]).needs_norms and parts:
         axes["norm_type"] = parts.pop(0)
     if parts and parts[0] not in MLPS:
         axes["act"] = parts.pop(0)
     if len(parts) != 2:
         raise VariantError(
-            f"variant {text!r} is not an id of the form norm.norm_type.act.mlp.res|nores[.qk-NORM]"
+            f"variant {text!r} is not an id of the form norm.norm_type.act.mlp.res|nores"
+            + "".join(f"[.{a.id_prefix}{a.name.upper()}]" for a in _LATER_AXES)
         )
     axes["mlp"], axes["residual"] = parts
     spec = make_variant(**axes)
@@ -163,12 +171,9 @@ def parse_variant_given(text: str) -> tuple[VariantSpec, dict[str, str]]:
 def all_variants() -> Iterator[VariantSpec]:
     """Every distinct registered combination of the axes, in registry order."""
     seen = set()
-    for norm, norm_type, act, mlp, residual, qk_norm in itertools.product(
-        PLACEMENTS, NORMS, ACTIVATIONS, MLPS, (True, False), (QK_NONE, *NORMS)
-    ):
+    for combination in itertools.product(*(axis_values(axis) for axis in DECLARED_AXES)):
         try:
-            spec = make_variant(strict=False, norm=norm, norm_type=norm_type, act=act, mlp=mlp, residual=residual,
-                                qk_norm=qk_norm)
+            spec = make_variant(strict=False, **dict(zip(AXES, combination)))
         except VariantError:
             continue  # a contradictory combination, e.g. deepnorm without residual
         if spec not in seen:

@@ -4,11 +4,14 @@ from __future__ import annotations
 from ablate.inspect_model import param_breakdown
 from ablate.model import build_model
 from ablate.sizes import get_size
-from ablate.variants import (ACTIVATIONS, INITS, MLPS, NORMS, OPTIMIZERS, PLACEMENTS, PRESETS, SCHEDULES,
-                             all_variants)
+from ablate.variant_axes import DECLARED_AXES
+from ablate.variants import INITS, OPTIMIZERS, PRESETS, SCHEDULES, all_variants
+from ablate.variants.registry import AXIS_VALUES
 
-REGISTRIES = (("norm", PLACEMENTS), ("norm_type", NORMS), ("act", ACTIVATIONS), ("mlp", MLPS),
-              ("qk_norm", NORMS), ("init", INITS), ("optimizer", OPTIMIZERS), ("schedule", SCHEDULES))
+# (name, registry, values valid besides the registered ones): each variant axis with registered
+# values (ablate/variant_axes.py), then what trains the block
+REGISTRIES = (*((a.name, AXIS_VALUES[a.registry], a.extra_values) for a in DECLARED_AXES if a.registry),
+              ("init", INITS, ()), ("optimizer", OPTIMIZERS, ()), ("schedule", SCHEDULES, ()))
 
 
 def registered_values() -> list[str]:
@@ -17,8 +20,8 @@ def registered_values() -> list[str]:
 
     files = {r["module"]: r["file"] for r in plugins.records() if r.get("file")}
     lines = []
-    for axis, registry in REGISTRIES:
-        values = ["none"] if axis == "qk_norm" else []
+    for axis, registry, extra_values in REGISTRIES:
+        values = list(extra_values)
         for name in registry:
             origin = registry.origin(name)
             values.append(name if origin.startswith("ablate.") else f"{name} (from {files.get(origin, origin)})")

@@ -2,46 +2,52 @@
 
 Every backend offers: activation(name, x), gated(gate_act, gate, up), layer_norm,
 rms_norm, add_layer_norm, add_rms_norm (residual add fused with the norm after it).
-`reference` is plain PyTorch and always available; `triton` and `cuda` register here
-when their modules load. `auto` resolves to the fastest backend verified on the device.
+`reference` is plain PyTorch and always available; `triton` and `cuda` are registered here by
+the module that defines them, imported (and built) only when asked for. `auto` resolves to the
+fastest backend verified on the device. A plugin registers its own in KERNEL_BACKENDS.
 """
 from __future__ import annotations
 
+import importlib
 from typing import Callable
 
 from ablate.errors import ConfigError
 from ablate.kernels.reference import ReferenceBackend
+from ablate.registry import Registry
 
-BACKENDS = ("reference", "triton", "cuda")
+KERNEL_BACKENDS: Registry[Callable[[], object]] = Registry("kernels", ConfigError)  # name -> loader()
+
+
+def _loaded_from(module: str) -> Callable[[], object]:
+    """A loader that imports `module` on first use (its GPU dependencies too) and calls its `load()`."""
+    def load():
+        try:
+            imported = importlib.import_module(module)
+        except ImportError as e:
+            name = module.rsplit(".", 1)[-1].removesuffix("_backend")
+            raise ConfigError(f"kernels {name!r} is not available here ({e}); valid here: reference") from None
+        return imported.load()
+    return load
+
+
+KERNEL_BACKENDS.register("reference", ReferenceBackend)
+KERNEL_BACKENDS.register("triton", _loaded_from("ablate.kernels.triton_backend"))
+KERNEL_BACKENDS.register("cuda", _loaded_from("ablate.kernels.cuda_backend"))
+BACKENDS = tuple(KERNEL_BACKENDS)  # the built-in ones
 CHOICES = BACKENDS + ("auto",)
-_LOADERS: dict[str, Callable[[], object]] = {"reference": ReferenceBackend}
 
 
-def register_loader(name: str, loader: Callable[[], object]) -> None:
-    """Let a GPU backend module make itself loadable by name."""
-    _LOADERS[name] = loader
+def kernel_choices() -> list[str]:
+    """What the `kernels` option takes: every registered backend (a plugin's too), and `auto`."""
+    return [*KERNEL_BACKENDS, "auto"]
 
 
 def get_backend(name: str = "reference", device: str = "cpu"):
     """The backend object for `name` on `device`; `auto` picks per device."""
-    if name not in CHOICES:
-        raise ConfigError(f"unknown kernels {name!r}; valid: {', '.join(CHOICES)}")
+    if name != "auto" and name not in KERNEL_BACKENDS:
+        raise ConfigError(f"unknown kernels {name!r}; valid: {', '.join(kernel_choices())}")
     if name == "auto":
         from ablate.kernels.select import pick_auto
 
         name = pick_auto(device)
-    if name not in _LOADERS:
-        _load_optional(name)
-    return _LOADERS[name]()
-
-
-def _load_optional(name: str) -> None:
-    try:
-        if name == "triton":
-            import ablate.kernels.triton_backend  # noqa: F401  (registers itself)
-        elif name == "cuda":
-            import ablate.kernels.cuda_backend  # noqa: F401
-    except ImportError as e:
-        raise ConfigError(f"kernels {name!r} is not available here ({e}); valid here: reference") from None
-    if name not in _LOADERS:
-        raise ConfigError(f"kernels {name!r} is not available here; valid here: reference")
+    return KERNEL_BACKENDS.get(name)()

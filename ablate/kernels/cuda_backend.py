@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 
 from ablate.errors import ConfigError
-from ablate.kernels import register_loader
 from ablate.kernels.ops_base import KernelBackend, define_ops
 
 SOURCE_DIR = Path(__file__).with_name("cuda")
@@ -137,6 +136,3 @@ def load() -> CudaBackend:
         raise ConfigError(f"kernels 'cuda' failed to build its extension: {first} "
                           "(set ABLATE_CUDA_VERBOSE=1 for the compiler output)") from None
     return CudaBackend(OPS)
-
-
-register_loader("cuda", load)

@@ -12,7 +12,6 @@ import functools
 import torch
 
 from ablate.errors import ConfigError
-from ablate.kernels import register_loader
 from ablate.kernels import triton_kernels as tk
 from ablate.kernels.ops_base import KernelBackend, define_ops
 
@@ -35,6 +34,3 @@ def load() -> TritonBackend:
         raise ConfigError("kernels 'triton' needs a CUDA GPU (or TRITON_INTERPRET=1 set before start-up "
                           "to run its kernels in Triton's slow CPU interpreter); valid here: reference")
     return TritonBackend(OPS)
-
-
-register_loader("triton", load)
