@@ -124,7 +124,7 @@ def record_payload(progress: Progress, result: RunResult, slot: int | None, cell
     result.outcomes[cell.id] = kind
 
 
-def fail_summary(out_root: str | Path, cell: Cell, error: str, attempts: int) -> dict:
+def record_failed_cell(out_root: str | Path, cell: Cell, error: str, attempts: int) -> dict:
     """Record a cell whose worker kept dying as failed (run_cell could not), and return its
     summary; one already there (the cell finished, only the message saying so was lost) is
     returned as it is."""

@@ -20,7 +20,7 @@ from collections import Counter, deque
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from ablate.backends.base import Backend, CellFn, RunResult, call_cell, cpu_count, fail_summary, record_payload
+from ablate.backends.base import Backend, CellFn, RunResult, call_cell, cpu_count, record_failed_cell, record_payload
 from ablate.cell import Cell, Execution
 from ablate.grid_state import cell_status
 from ablate.progress import Progress
@@ -412,7 +412,7 @@ class WorkerPool:
             self.pending.appendleft(cell)
         else:
             error = f"worker process died (exit code {code})"
-            summary = fail_summary(r.out_root, cell, error, self.crashes[cell.id])
+            summary = record_failed_cell(r.out_root, cell, error, self.crashes[cell.id])
             r.record(slot, cell, ("done", "trained", summary), None)
 
     def count_failed_start(self, code: int | None) -> None:

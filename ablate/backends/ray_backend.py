@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ablate.backends.base import Backend, RunResult, call_cell, fail_summary, record_payload
+from ablate.backends.base import Backend, RunResult, call_cell, record_failed_cell, record_payload
 from ablate.cell import Cell, Execution
 from ablate.errors import ConfigError
 from ablate.grid_state import refresh_grid_json
@@ -143,7 +143,7 @@ def run_ray(
                 try:
                     payload = ray.get(ref)
                 except ray.exceptions.RayError as e:  # the task's worker kept dying (or its message was lost)
-                    summary = fail_summary(out_root, cell, f"Ray task lost: {type(e).__name__}", retries + 1)
+                    summary = record_failed_cell(out_root, cell, f"Ray task lost: {type(e).__name__}", retries + 1)
                     payload = ("done", "trained", summary)
                 record_payload(progress, result, None, cell, payload, time.time() - started[ref])
                 on_change()
