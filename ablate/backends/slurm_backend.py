@@ -18,6 +18,7 @@ With `--slurm-cluster local|debug` submitit runs the array as local processes or
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -141,14 +142,22 @@ def make_executor(folder: str | Path, *, cluster: str = "slurm", partition: str 
 
 
 class _SubmitLock:
-    """An exclusive flock on the slurm folder while deciding what to submit."""
+    """An exclusive flock on the slurm folder while deciding what to submit. Opened with
+    O_NOFOLLOW, as every lock is: a .submit.lock that is a link is refused, never followed
+    (O_CREAT through a dangling link would create its target)."""
 
     def __init__(self, folder: Path):
         self.path = folder / ".submit.lock"
 
     def __enter__(self):
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise ConfigError(f"{self.path} is a symbolic link (to {os.readlink(self.path)!r}); the submit lock "
+                                  "must be a plain file: remove the link") from None
+            raise
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         return self
 
