@@ -84,7 +84,7 @@ def _size_and_data(cfg: TrainConfig) -> tuple[ModelSize, TokenData]:
 
 def plan_run(cell, execution=None) -> RunPlan:
     """Check everything that could refuse `cell` (device, data, kernel backend) without
-    writing anything, so a refused run leaves no trace. `execution` (ablate.cell.Execution)
+    writing anything, so a refused run leaves no trace. `execution` (ablate.cell.CellResources)
     brings a scheduler's thread count, which a `threads` in the cell's own options overrides."""
     cfg = cell.config
     threads = execution.threads_for(cell) if execution is not None else cfg.threads

@@ -63,9 +63,9 @@ def test_the_submit_lock_refuses_a_link_and_never_writes_through_it(tmp_path):
 TASK = """
     import pickle, sys
     from ablate.backends.slurm_job import SlurmCellJob
-    from ablate.cell import Execution
+    from ablate.cell import CellResources
     cell, out = pickle.load(open(sys.argv[1], "rb")), sys.argv[2]
-    print("RESULT", SlurmCellJob(margin_s=float(sys.argv[3]))(cell, Execution(), out, 0, None), flush=True)
+    print("RESULT", SlurmCellJob(margin_s=float(sys.argv[3]))(cell, CellResources(), out, 0, None), flush=True)
 """
 
 

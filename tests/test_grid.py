@@ -11,9 +11,9 @@ import pytest
 
 from ablate import grid_state
 from ablate.backends import base, local
-from ablate.cell import Execution, run_cell
+from ablate.cell import CellResources, run_cell
 from ablate.cli import build_parser, main
-from ablate.grid_runner import ExecutionOptions, execute
+from ablate.grid_runner import GridRunOptions, run_checked_grid
 from ablate.errors import ConfigError
 from ablate.grids import load_grid, shipped_grids
 from ablate.rundir import CellLock, write_json_atomic
@@ -64,7 +64,7 @@ def attempts(run_dir):
 
 
 def grid_args(*argv):
-    return ExecutionOptions.from_args(build_parser().parse_args(["grid", *map(str, argv)]))
+    return GridRunOptions.from_args(build_parser().parse_args(["grid", *map(str, argv)]))
 
 
 SMALL = """
@@ -194,7 +194,7 @@ def test_threads_is_recorded_but_never_changes_the_id(tmp_path):
     assert [c.id for c in plain.cells] == [c.id for c in threaded.cells]
     assert threaded.cells[0].options["threads"] == 3 and "threads" not in plain.cells[0].options
     # A worker's count travels beside the cell; the grid's own count wins over it.
-    assert Execution(2).threads_for(plain.cells[0]) == 2 and Execution(2).threads_for(threaded.cells[0]) == 3
+    assert CellResources(2).threads_for(plain.cells[0]) == 2 and CellResources(2).threads_for(threaded.cells[0]) == 3
 
 
 BAD_GRIDS = [
@@ -276,7 +276,7 @@ def test_dry_run_prints_cells_and_total_steps_and_writes_nothing(tmp_path, capsy
 def test_workers_run_every_cell_once_and_a_rerun_trains_nothing(tmp_path, capsys):
     path = write_grid(tmp_path, SMALL)
     grid, out = load_grid(path), tmp_path / "out"
-    assert execute(grid, out, grid_args(path, "--workers", "2", "--quiet"), cell_fn=fake_cell) == 0
+    assert run_checked_grid(grid, out, grid_args(path, "--workers", "2", "--quiet"), cell_fn=fake_cell) == 0
     text = capsys.readouterr().out
     assert "6 to run on 2 workers" in text and len(re.findall(r"^\[\d/6\] completed ", text, re.M)) == 6
     dirs = sorted(p.name for p in out.iterdir() if p.is_dir())
@@ -293,7 +293,7 @@ def test_workers_run_every_cell_once_and_a_rerun_trains_nothing(tmp_path, capsys
     assert [c["id"] for c in state["cells"]] == [c.id for c in grid.cells]
     assert all(c["status"] == "completed" and c["options"]["seed"] in (0, 1, 2) for c in state["cells"])
 
-    assert execute(grid, out, grid_args(path, "--workers", "2"), cell_fn=fake_cell) == 0
+    assert run_checked_grid(grid, out, grid_args(path, "--workers", "2"), cell_fn=fake_cell) == 0
     text = capsys.readouterr().out
     assert "6 already finished, nothing to run" in text and "6 completed" in text
     assert all(len(attempts(out / c.id)) == 1 for c in grid.cells)
@@ -303,7 +303,7 @@ def test_a_failing_cell_is_retried_then_recorded_while_others_complete(tmp_path,
     path = write_grid(tmp_path, SMALL + "[[include]]\nmin_lr_ratio = 0.123\nweight_decay = 0.0\n")
     grid, out = load_grid(path), tmp_path / "out"
     bad = next(c for c in grid.cells if c.options.get("min_lr_ratio") == 0.123)
-    assert execute(grid, out, grid_args(path, "--workers", "2", "--retries", "2", "--quiet"), cell_fn=fake_cell) == 1
+    assert run_checked_grid(grid, out, grid_args(path, "--workers", "2", "--retries", "2", "--quiet"), cell_fn=fake_cell) == 1
     text = capsys.readouterr().out
     assert len(attempts(out / bad.id)) == 3  # 1 + 2 retries, inside run_cell
     summary = json.loads((out / bad.id / "summary.json").read_text())
@@ -312,7 +312,7 @@ def test_a_failing_cell_is_retried_then_recorded_while_others_complete(tmp_path,
     state = json.loads((out / "grid.json").read_text())
     assert state["counts"] == {"completed": 6, "failed": 1}
     # A rerun tries the failed cell again (1 + 1 retry), keeps every earlier record, and exits 1 again.
-    assert execute(grid, out, grid_args(path, "--workers", "1", "--quiet"), cell_fn=fake_cell) == 1
+    assert run_checked_grid(grid, out, grid_args(path, "--workers", "1", "--quiet"), cell_fn=fake_cell) == 1
     assert "1 failed before, tried again" in capsys.readouterr().out
     assert len(attempts(out / bad.id)) == 5
     assert sorted(p.name for p in (out / bad.id).glob("error-attempt*")) == [f"error-attempt{i}.txt" for i in range(5)]
@@ -325,7 +325,7 @@ def test_a_worker_that_dies_is_replaced_and_its_cell_retried_then_failed(tmp_pat
     path = write_grid(tmp_path, SMALL + "[[include]]\nbeta1 = 0.123\n")
     grid, out = load_grid(path), tmp_path / "out"
     dying = next(c for c in grid.cells if c.options.get("beta1") == 0.123)
-    assert execute(grid, out, grid_args(path, "--workers", "2", "--retries", "1", "--quiet"), cell_fn=fake_cell) == 1
+    assert run_checked_grid(grid, out, grid_args(path, "--workers", "2", "--retries", "1", "--quiet"), cell_fn=fake_cell) == 1
     text = capsys.readouterr().out
     assert "worker died (exit code 3)" in text
     assert len(attempts(out / dying.id)) == 2
@@ -358,7 +358,7 @@ def test_busy_cells_are_skipped_and_reported(tmp_path, capsys):
     lock = CellLock(out / held.id)
     assert lock.acquire()  # another process is training this cell
     try:
-        assert execute(grid, out, grid_args(path, "--workers", "0"), cell_fn=fake_cell) == 0
+        assert run_checked_grid(grid, out, grid_args(path, "--workers", "0"), cell_fn=fake_cell) == 0
         text = capsys.readouterr().out
         assert f"busy      {held.id}  running in another process" in text
         assert "1 running elsewhere" in text and "rerun later" in text

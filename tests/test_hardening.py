@@ -21,7 +21,7 @@ import ablate.train
 from ablate import grid_state
 from ablate.backends import local
 from ablate.cli import build_parser, main
-from ablate.grid_runner import ExecutionOptions, execute
+from ablate.grid_runner import GridRunOptions, run_checked_grid
 from ablate.grids import load_grid
 from ablate.rundir import CellLock, remove_stale_temporaries, replace_atomic, write_json_atomic
 
@@ -351,8 +351,8 @@ def test_busy_cells_are_reported_as_they_end_and_never_skipped(tmp_path, capsys,
         write_json_atomic(run_dir / "summary.json", done)
         return CellOutcome(cell.id, "trained", done)
 
-    args = ExecutionOptions.from_args(build_parser().parse_args(["grid", str(path), "--workers", "0", "--quiet"]))
-    assert execute(grid, out, args, cell_fn=cell_fn) == 0
+    args = GridRunOptions.from_args(build_parser().parse_args(["grid", str(path), "--workers", "0", "--quiet"]))
+    assert run_checked_grid(grid, out, args, cell_fn=cell_fn) == 0
     text = capsys.readouterr().out
     final = text.strip().splitlines()[-1]
     assert final.startswith("grid g: 3 cells: 3 completed") and "another process" not in final, final
@@ -401,9 +401,9 @@ def test_a_rerun_with_fewer_cells_left_keeps_the_recorded_thread_count(tmp_path,
         seed = [0, 1, 2]
     """))
     grid = load_grid(path)
-    args = ExecutionOptions.from_args(build_parser().parse_args(["grid", str(path), "--workers", "2", "--quiet"]))
+    args = GridRunOptions.from_args(build_parser().parse_args(["grid", str(path), "--workers", "2", "--quiet"]))
     out = tmp_path / "out"
-    assert execute(grid, out, args) == 0
+    assert run_checked_grid(grid, out, args) == 0
     assert "3 to run on 2 workers, 1 thread each" in capsys.readouterr().out
     last = out / grid.cells[-1].id
     reference = losses(last)
@@ -412,7 +412,7 @@ def test_a_rerun_with_fewer_cells_left_keeps_the_recorded_thread_count(tmp_path,
     # As if the first run had stopped before this cell started: one cell left, two workers.
     for item in last.iterdir():
         item.unlink()
-    assert execute(grid, out, args) == 0
+    assert run_checked_grid(grid, out, args) == 0
     assert "1 to run on 1 worker, 1 thread each" in capsys.readouterr().out  # was: 2 threads
     assert json.loads((last / "config.json").read_text())["train"]["threads"] == 1
     assert losses(last) == reference

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from ablate.backends.base import Backend, CellFn, RunResult, call_cell, cpu_count, record_failed_cell, record_payload
-from ablate.cell import Cell, Execution
+from ablate.cell import Cell, CellResources
 from ablate.grid_state import cell_status
 from ablate.progress import Progress
 from ablate.rundir import PENDING, SUMMARY, read_json
@@ -49,7 +49,7 @@ class LocalBackend(Backend):
     def slots(self, todo: list[Cell]) -> int:
         return min(self.workers, len(todo))
 
-    def describe(self, todo: list[Cell], executions: dict[str, Execution]) -> str:
+    def describe(self, todo: list[Cell], executions: dict[str, CellResources]) -> str:
         n = self.slots(todo)
         where = f"{n} worker{'s' if n != 1 else ''}" if self.workers else "this process"
         per_cell = sorted({executions[c.id].threads_for(c) or 1 for c in todo})
@@ -192,7 +192,7 @@ def run_local(
     cell_fn: CellFn | None = None,
     gpus: list[str] | None = None,
     cells_per_gpu: int = 1,
-    executions: dict[str, Execution] | None = None,
+    executions: dict[str, CellResources] | None = None,
 ) -> RunResult:
     """Train `cells` (already filtered to the unfinished ones) with `workers` spawned worker
     processes, or in this process when workers == 0. `gpus` (CUDA_VISIBLE_DEVICES ids) gives
@@ -200,7 +200,7 @@ def run_local(
     `cell_fn` replaces run_cell (tests); in worker processes it must be importable by name.
     `on_change(cell_id=ID)` is called when a cell starts or ends, `on_change(idle=True)` while
     waiting (the caller rewrites grid.json, throttled). `executions`: cell id -> how it runs
-    (its threads); a cell without one gets the default Execution."""
+    (its threads); a cell without one gets the default CellResources."""
     progress = progress or Progress("grid", len(cells), max(workers, 1), quiet=True)
     runner = _CellRunner(str(out_root), retries, progress, on_change, cell_fn, executions or {})
     if not cells:
@@ -215,14 +215,14 @@ class _CellRunner:
     of how each ended (`result`, one progress line, `on_change`)."""
 
     def __init__(self, out_root: str, retries: int, progress: Progress, on_change: Callable[..., None] | None,
-                 cell_fn: CellFn | None, executions: dict[str, Execution]):
+                 cell_fn: CellFn | None, executions: dict[str, CellResources]):
         self.out_root, self.retries, self.progress, self.cell_fn = out_root, retries, progress, cell_fn
         self.on_change = on_change or (lambda idle=False, cell_id=None: None)
         self.executions = executions
         self.result = RunResult({}, [], [])
 
-    def execution_of(self, cell: Cell) -> Execution:
-        return self.executions.get(cell.id) or Execution()
+    def execution_of(self, cell: Cell) -> CellResources:
+        return self.executions.get(cell.id) or CellResources()
 
     def record(self, slot: int | None, cell: Cell, payload: tuple, seconds: float | None) -> None:
         record_payload(self.progress, self.result, slot, cell, payload, seconds)

@@ -30,7 +30,7 @@ from typing import Any
 from ablate.backends import slurm_tools
 from ablate.backends.slurm_job import SlurmCellJob, read_result
 from ablate.backends.base import Backend, RunResult, record_payload
-from ablate.cell import Cell, Execution, finished_status
+from ablate.cell import Cell, CellResources, finished_status
 from ablate.errors import ConfigError
 from ablate.progress import Progress
 from ablate.rundir import DONE, SUMMARY, read_json, write_json_atomic
@@ -75,8 +75,8 @@ class SlurmBackend(Backend):
                          executor=self.executor, executions=executions)
 
 
-def _executions(cells: list[Cell], executions: dict[str, Execution] | None) -> list[Execution]:
-    return [(executions or {}).get(c.id) or Execution() for c in cells]
+def _executions(cells: list[Cell], executions: dict[str, CellResources] | None) -> list[CellResources]:
+    return [(executions or {}).get(c.id) or CellResources() for c in cells]
 
 
 def import_submitit():
@@ -219,10 +219,10 @@ def run_slurm(
     on_change=None,
     poll_s: float | None = None,
     executor=None,
-    executions: dict[str, Execution] | None = None,
+    executions: dict[str, CellResources] | None = None,
 ) -> RunResult:
     """Submit `cells` (the unfinished ones) as a job array, except those a job from an earlier
-    run still queues or trains, and with `wait` follow them all to the end. `executions`: cell id -> its Execution
+    run still queues or trains, and with `wait` follow them all to the end. `executions`: cell id -> its CellResources
     (a cell without one trains on the CPUs its job was allocated)."""
     out_root = str(Path(out_root).resolve())
     progress = progress or Progress("grid", len(cells), 0, quiet=True)
