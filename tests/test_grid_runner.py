@@ -5,7 +5,7 @@ import pickle
 from pathlib import Path
 
 import pytest
-from test_grid import fake_cell, write_grid
+from test_grids import fake_cell, write_grid
 
 from ablate.backends import BACKENDS, backend_class
 from ablate.backends.base import Backend

@@ -274,10 +274,10 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_exit_2_no_result_and_a_clea
 
 def test_the_grid_run_tests_readers_tolerate_a_line_being_written(tmp_path):
     import cluster_helpers
-    import test_grid_run
+    import test_commands_grid
 
     (tmp_path / "metrics.jsonl").write_text('{"step": 0, "loss": 4.0}\n{"step": 1, "loss": 3.9}\n{"step": 2, "lo')
-    assert test_grid_run.metrics_steps(tmp_path) == [0, 1]
+    assert test_commands_grid.metrics_steps(tmp_path) == [0, 1]
     assert [r["step"] for r in cluster_helpers.metrics(tmp_path)] == [0, 1]
     assert cluster_helpers.logged_steps(tmp_path) == 2
 
