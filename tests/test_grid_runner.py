@@ -14,6 +14,11 @@ from ablate.errors import ConfigError
 from ablate.grid_runner import GridRunOptions, run_grid
 from ablate.grids import load_grid
 from ablate.train import plan_run
+import json
+import textwrap
+from ablate.backends import local
+from ablate.cli import build_parser
+from ablate.grid_runner import run_checked_grid
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ablate"
 
@@ -90,3 +95,39 @@ def test_execution_threads_reach_the_plan_and_yield_to_the_cells_own():
     pinned = Cell.from_options({"steps": 2, "batch_size": 2, "seq_len": 16, "threads": 1})
     assert plan_run(pinned, CellResources(3)).cfg.threads == 1
     assert cell.id == pinned.id  # threads never names a run
+
+
+def losses(run_dir: Path) -> list:
+    return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_a_rerun_with_fewer_cells_left_keeps_the_recorded_thread_count(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(local, "cpu_count", lambda: 2)  # as on a 2-core machine, wherever this runs
+    path = tmp_path / "g.toml"
+    path.write_text(textwrap.dedent("""
+        [base]
+        layers = 2
+        batch_size = 4
+        seq_len = 32
+        eval_batches = 1
+        steps = 6
+        [axes]
+        seed = [0, 1, 2]
+    """))
+    grid = load_grid(path)
+    args = GridRunOptions.from_args(build_parser().parse_args(["grid", str(path), "--workers", "2", "--quiet"]))
+    out = tmp_path / "out"
+    assert run_checked_grid(grid, out, args) == 0
+    assert "3 to run on 2 workers, 1 thread each" in capsys.readouterr().out
+    last = out / grid.cells[-1].id
+    reference = losses(last)
+    assert json.loads((last / "config.json").read_text())["train"]["threads"] == 1
+    assert all(c["threads"] == 1 for c in json.loads((out / "grid.json").read_text())["cells"])
+    # As if the first run had stopped before this cell started: one cell left, two workers.
+    for item in last.iterdir():
+        item.unlink()
+    assert run_checked_grid(grid, out, args) == 0
+    assert "1 to run on 1 worker, 1 thread each" in capsys.readouterr().out  # was: 2 threads
+    assert json.loads((last / "config.json").read_text())["train"]["threads"] == 1
+    assert losses(last) == reference
