@@ -16,8 +16,8 @@ OTHER = {"variant": "post-ln", "norm": "post", "norm_type": "rmsnorm", "act": "r
          "seed": 1, "batch_size": 4, "seq_len": 32, "dtype": "bfloat16", "diverge_factor": 3.0,
          "eval_batches": 2, "final_eval_batches": 3}
 
-
 NEEDS = {"momentum": {"optimizer": "sgd"}, "nesterov": {"optimizer": "sgd"}, "decay_fraction": {"schedule": "wsd"}}
+OTHER.update({"momentum": 0.5, "nesterov": True, "decay_fraction": 0.5, "data": None})
 
 
 @pytest.fixture(scope="module")
