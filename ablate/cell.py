@@ -38,7 +38,7 @@ class Cell:
     """One unit of work: what defines the run, resolved once where the cell is made (by
     `ablate train` or by loading a grid), plus where it belongs. Planning, the identity check
     and training read `config`; nothing resolves the cell's options again. How it executes
-    (its threads) travels beside it as an `Execution`, so a scheduler never rewrites a cell."""
+    (its threads) travels beside it as a `CellResources`, so a scheduler never rewrites a cell."""
 
     # The resolved config of the cell's setting, shared by the seeds of one setting (a grid of
     # a million seeds holds one config per setting, not per cell); `config` adds the seed.
@@ -98,7 +98,7 @@ class Cell:
 
 
 @dataclass(frozen=True)
-class Execution:
+class CellResources:
     """How a scheduler runs a cell, apart from what the cell is: the torch threads of its
     worker's share of the machine. A `threads` the cell's own options set wins; a resumed run
     keeps the count it started with (ablate.train), whatever either says."""
@@ -126,7 +126,7 @@ def check_id_fits(cell_id: str, named_by: str) -> None:
 
 
 def run_cell(cell: Cell, out_root: str | Path, retries: int = 0, quiet: bool = True,
-             execution: Execution | None = None) -> CellOutcome:
+             execution: CellResources | None = None) -> CellOutcome:
     """Train `cell` under `out_root/<cell.id>/`, retrying a Python error `retries` times
     before recording status `failed`. Divergence is a result and is never retried; a cell
     that failed before is tried again. A run directory holding a run of another config is
@@ -229,3 +229,7 @@ def _finished(cell: Cell, run_dir: Path) -> CellOutcome:
 
     check_existing_run(cell, run_dir)
     return CellOutcome(cell.id, "skipped", read_summary(run_dir))
+
+
+# SLURM jobs submitted before the rename unpickle their cell's resources under the old name.
+Execution = CellResources

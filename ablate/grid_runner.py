@@ -1,9 +1,9 @@
 """Running a grid: every cell of it trained exactly once, on one backend (local, ray, slurm).
 
-`run_grid(grid, out, ExecutionOptions(...))` is what `ablate grid` and `ablate reproduce`
+`run_grid(grid, out, GridRunOptions(...))` is what `ablate grid` and `ablate reproduce`
 call. It refuses bad input before anything is written (an --out holding another grid or
 runs of other settings, a backend that cannot run here), records grid.json, hands each
-unfinished cell to the backend with its Execution (the thread count the grid's first run
+unfinished cell to the backend with its CellResources (the thread count the grid's first run
 gave it, kept however many cells are left: the count changes a CPU run's bits), and keeps
 grid.json current while the cells train.
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from ablate import grid_state
 from ablate.backends import BACKENDS, backend_class
 from ablate.backends.base import CellFn, RunResult
-from ablate.cell import Execution
+from ablate.cell import CellResources
 from ablate.errors import ConfigError
 from ablate.progress import Progress
 from ablate.rundir import FAILED, FINISHED, PENDING, RUNNING, SUMMARY
@@ -28,7 +28,7 @@ from ablate.timefmt import fmt_time
 
 
 @dataclasses.dataclass(frozen=True)
-class ExecutionOptions:
+class GridRunOptions:
     """How a grid runs, apart from what it trains: none of these changes a result. One field
     per `ablate grid` flag of the same name; contradictions are refused when it is made."""
 
@@ -68,7 +68,7 @@ class ExecutionOptions:
                  + ("--gpus-per-cell" if self.backend == "ray" else "--gpus-per-job, --array-parallelism"))
 
     @classmethod
-    def from_args(cls, args) -> "ExecutionOptions":
+    def from_args(cls, args) -> "GridRunOptions":
         """From parsed `ablate grid` arguments (flags named like the fields)."""
         return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
@@ -104,7 +104,7 @@ def check_grid(grid, out: Path) -> None:
     grid_state.check_existing_runs(grid.cells, out)
 
 
-def run_grid(grid, out: Path | None = None, options: ExecutionOptions | None = None, *, scale: str = "cpu",
+def run_grid(grid, out: Path | None = None, options: GridRunOptions | None = None, *, scale: str = "cpu",
              overrides: dict | None = None, cell_fn: CellFn | None = None) -> int:
     """Expand (a grid name or TOML path; or take a loaded Grid) and run a grid into `out`
     (default runs/NAME[-SCALE]); returns the exit status; ConfigError for invalid input.
@@ -114,14 +114,14 @@ def run_grid(grid, out: Path | None = None, options: ExecutionOptions | None = N
     if not isinstance(grid, Grid):
         grid = load_grid(grid, scale, overrides)
     out = Path(out) if out is not None else default_out(grid)
-    options = options or ExecutionOptions()
+    options = options or GridRunOptions()
     check_grid(grid, out)
     backend = backend_class(options.backend)(options, grid, out)
     backend.check()
-    return execute(grid, out, options, cell_fn=cell_fn, backend=backend)
+    return run_checked_grid(grid, out, options, cell_fn=cell_fn, backend=backend)
 
 
-def execute(grid, out: Path, options: ExecutionOptions, cell_fn: CellFn | None = None, backend=None) -> int:
+def run_checked_grid(grid, out: Path, options: GridRunOptions, cell_fn: CellFn | None = None, backend=None) -> int:
     """Run the checked `grid` into `out` on its backend; returns the exit status."""
     backend = backend or backend_class(options.backend)(options, grid, out)
     record = grid.record()
@@ -130,7 +130,7 @@ def execute(grid, out: Path, options: ExecutionOptions, cell_fn: CellFn | None =
         backend.prepare(todo)  # connect, check resources: a ConfigError here has written nothing
     recorded = grid_state.recorded_threads(out)
     default = backend.threads_per_cell(todo) if todo else None
-    executions = {c.id: Execution(recorded.get(c.id, default)) for c in todo}
+    executions = {c.id: CellResources(recorded.get(c.id, default)) for c in todo}
     threads_of = {**recorded, **{c.id: executions[c.id].threads_for(c) for c in todo}}
     for entry in record["cells"]:
         if threads_of.get(entry["id"]) is not None:

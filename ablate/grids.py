@@ -1,4 +1,4 @@
-"""Grid files: TOML that expands into the cells of an ablation (see shared/design.md).
+"""Grid files: TOML that expands into the cells of an ablation (the grid file format: docs/grids.md).
 
     name = "prenorm-wins"             # defaults to the file's stem
     description = "one line for `ablate grid --list`"

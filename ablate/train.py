@@ -94,7 +94,7 @@ def _size_and_data(cfg: TrainConfig) -> tuple[ModelSize, TokenData]:
 def plan_run(cell, execution=None, run_dir: str | Path | None = None) -> RunPlan:
     """Check everything that could refuse `cell` (device, data, kernel backend, and with
     `run_dir` the run that folder already holds) without writing anything, so a refused run
-    leaves no trace. `execution` (ablate.cell.Execution) brings a scheduler's thread count,
+    leaves no trace. `execution` (ablate.cell.CellResources) brings a scheduler's thread count,
     which a `threads` in the cell's own options overrides."""
     cfg = cell.config
     threads = execution.threads_for(cell) if execution is not None else cfg.threads

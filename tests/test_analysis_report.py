@@ -12,6 +12,8 @@ from ablate.cli import main
 from ablate.analysis.analyse import Settings, analyse
 from ablate.analysis.report import LOSS_DIGITS, OTHER_DIGITS, RESULT_COLUMNS, render, write_report
 from ablate.analysis.stats import adjust_p_values, format_p, holm
+from pathlib import Path
+import json
 
 PRE, POST = "pre.layernorm.gelu.dense.res", "post.layernorm.gelu.dense.res"
 RMS, SANDWICH, SWIGLU = "pre.rmsnorm.gelu.dense.res", "sandwich.layernorm.gelu.dense.res", "pre.layernorm.swiglu.res"
@@ -208,3 +210,70 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys, ar
     err = capsys.readouterr().err
     assert err.startswith("ablate report: error: ") and message in err and err.count("\n") == 1
     assert sorted(p for p in tmp_path.rglob("*")) == before
+
+
+V = "pre.layernorm.gelu.dense.res"
+
+
+def plant_links(victim_dir: Path, paths: list[Path]) -> dict[Path, Path]:
+    """A link at each output path, to a victim file of its own; returns link -> victim."""
+    links = {}
+    for i, path in enumerate(paths):
+        victim = victim_dir / f"victim-{i}"
+        victim.write_text("keep me\n")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)
+        path.symlink_to(victim)
+        links[path] = victim
+    return links
+
+
+def test_report_outputs_planted_as_links_leave_their_targets_untouched(tmp_path):
+    runs, victims = tmp_path / "runs", tmp_path / "victims"
+    victims.mkdir()
+    write_grid(runs, [write_run(runs, V, s) for s in (0, 1)])
+    assert main(["report", str(runs)]) == 0
+    outputs = [runs / "report.md", runs / "summary.csv", runs / "cells.csv", *sorted((runs / "plots").iterdir())]
+    assert any(p.suffix == ".png" for p in outputs)
+    links = plant_links(victims, outputs)
+    assert main(["report", str(runs)]) == 0
+    assert all(v.read_text() == "keep me\n" for v in links.values())
+    assert all(not p.is_symlink() and p.is_file() for p in links)
+
+
+def test_the_step_of_a_line_dropped_on_resume_is_kept_in_the_record_and_named_in_the_report(tmp_path, capsys):
+    import ablate.train as T
+    from ablate.cell import Cell, run_cell
+
+    cell = Cell.from_options({"layers": 2, "steps": 6, "checkpoint_every": 2, "eval_batches": 1,
+                              "final_eval_batches": 1})
+    run_dir = tmp_path / "g" / cell.id
+    calls = []
+
+    def killed_after_step_3():
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt  # after the checkpoint at step 2: the rerun resumes there
+
+    with pytest.raises(KeyboardInterrupt):
+        T.train(cell, run_dir, after_step=killed_after_step_3)
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    lines[1] = '{"step": 1, "lo'  # damaged mid-file: the resume cannot keep it
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    run_cell(cell, tmp_path / "g")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["missing_steps"] == [1]
+    assert "step 1" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "g")]) == 0
+    report = (tmp_path / "g" / "report.md").read_text()
+    assert "no metrics row for step 1" in report
+
+
+def test_report_refuses_a_folder_whose_only_cell_cannot_be_read(tmp_path, capsys):
+    run = write_run(tmp_path, V, 0)
+    write_grid(tmp_path, [run])
+    (run.path / "config.json").write_text('{"cell_id": "x", "vari')  # cut mid-write
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "config.json" in err and "no cells started" not in err and err.strip().count("\n") <= 1
+    assert not (tmp_path / "report.md").exists()

@@ -7,7 +7,7 @@ import pytest
 
 import ablate.train as T
 from ablate import cell as cell_module
-from ablate.cell import Cell, CellOutcome, Execution, check_id_fits, run_cell
+from ablate.cell import Cell, CellOutcome, CellResources, check_id_fits, run_cell
 from ablate.errors import ConfigError
 from ablate.kernels import cpu_gelu
 from ablate.rundir import CONFIG, FAILED, METRICS, SUMMARY, status, write_json_atomic
@@ -72,7 +72,7 @@ def test_a_folder_written_while_waiting_for_the_lock_is_read_again(tmp_path, mon
 
 def test_a_plan_made_for_another_folder_is_refused(tmp_path):
     cell = Cell.from_options(OPTIONS)
-    plan = T.plan_run(cell, Execution(1), tmp_path / "a")
+    plan = T.plan_run(cell, CellResources(1), tmp_path / "a")
     with pytest.raises(ValueError):
         T.train(cell, tmp_path / "b", plan=plan)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

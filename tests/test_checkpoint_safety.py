@@ -9,6 +9,7 @@ import ablate.train as T
 from ablate.cell import Cell
 from ablate.errors import ConfigError
 from interrupting import interrupted_at
+from ablate.cli import main
 
 OPTIONS = {"layers": 2, "steps": 6, "checkpoint_every": 3, "probes": False, "eval_batches": 1,
            "final_eval_batches": 1}
@@ -88,3 +89,46 @@ def test_symlinked_temporaries_in_a_run_folder_never_clobber_their_targets(tmp_p
     assert summary["status"] == "completed"
     for name, target in targets.items():
         assert target.read_text() == "keep me", name
+
+
+def test_a_full_disk_during_a_checkpoint_is_one_line_exit_2_no_result_and_a_clean_resume(tmp_path, monkeypatch,
+                                                                                       capsys):
+    import errno
+
+    import torch
+
+    real_save, saves = torch.save, []
+
+    class FullDisk:
+        """A file on a disk that fills up: torch.save wraps the OSError in its own RuntimeError."""
+
+        def __init__(self, f):
+            self.f, self.written = f, 0
+
+        def write(self, data):
+            self.written += len(data)
+            if self.written > 4096:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.f.write(data)
+
+        def flush(self):
+            self.f.flush()
+
+    def save(obj, f, *args, **kwargs):
+        saves.append(1)
+        return real_save(obj, FullDisk(f) if len(saves) == 2 else f, *args, **kwargs)  # the second checkpoint
+
+    monkeypatch.setattr(torch, "save", save)
+    args = ["train", "--layers", "2", "--steps", "6", "--checkpoint-every", "2", "--eval-batches", "1",
+            "--final-eval-batches", "1", "--quiet", "--out", str(tmp_path / "o")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no space left on device" in err.lower()
+    (run_dir,) = (tmp_path / "o").iterdir()
+    assert not (run_dir / "summary.json").exists() and not list(run_dir.glob("error-attempt*"))
+    assert not list(run_dir.glob(".*.tmp"))
+    monkeypatch.setattr(torch, "save", real_save)  # space freed
+    assert main(args) == 0
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(6))
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"

@@ -11,9 +11,10 @@ import textwrap
 
 import pytest
 
-from ablate.backends.slurm_backend import signal_delay_s
+from ablate.backends.slurm_backend import _SubmitLock, signal_delay_s
 from ablate.backends.slurm_job import parse_seconds, read_result, result_path
 from ablate.backends.slurm_tools import _sbatch_errors, is_active, parse_minutes
+from ablate.errors import ConfigError
 from cluster_helpers import metrics, without_timing, write_grid
 
 
@@ -37,12 +38,34 @@ def test_job_states_and_sbatch_errors():
                           "name specified\n") == "invalid partition specified: gpu; Invalid partition name specified"
 
 
+
+def test_the_submit_lock_refuses_a_link_and_never_writes_through_it(tmp_path):
+    folder, victim = tmp_path / "slurm", tmp_path / "victim.txt"
+    folder.mkdir()
+    victim.write_text("precious")
+    (folder / ".submit.lock").symlink_to(victim)
+    with pytest.raises(ConfigError, match="submit.lock is a symbolic link .*victim.txt.*remove the link"):
+        with _SubmitLock(folder):
+            pass
+    assert victim.read_text() == "precious"
+    # A dangling link: opening it with O_CREAT would create its target.
+    (folder / ".submit.lock").unlink()
+    (folder / ".submit.lock").symlink_to(tmp_path / "made-through-the-link")
+    with pytest.raises(ConfigError, match="symbolic link"):
+        with _SubmitLock(folder):
+            pass
+    assert not (tmp_path / "made-through-the-link").exists()
+    # A plain file (or none) is locked as before.
+    (folder / ".submit.lock").unlink()
+    with _SubmitLock(folder) as lock:
+        assert lock.path.is_file() and not lock.path.is_symlink()
+
 TASK = """
     import pickle, sys
     from ablate.backends.slurm_job import SlurmCellJob
-    from ablate.cell import Execution
+    from ablate.cell import CellResources
     cell, out = pickle.load(open(sys.argv[1], "rb")), sys.argv[2]
-    print("RESULT", SlurmCellJob(margin_s=float(sys.argv[3]))(cell, Execution(), out, 0, None), flush=True)
+    print("RESULT", SlurmCellJob(margin_s=float(sys.argv[3]))(cell, CellResources(), out, 0, None), flush=True)
 """
 
 

@@ -10,6 +10,8 @@ from synthetic_runs import write_grid, write_run
 
 from ablate.analysis.export import ExportError, export_tensorboard, export_wandb
 from ablate.cli import main
+import os
+import subprocess
 
 
 def two_cell_grid(root: Path, running_losses=(4.0, 3.6, 3.3)):
@@ -313,3 +315,90 @@ def test_the_custom_scalars_layout_draws_each_per_layer_metric_with_a_line_per_l
     assert sorted(k for k in keys if re.match(charts["grad_norm by layer"], k)) == ["grad_norm/layer_0",
                                                                                    "grad_norm/layer_1"]
     assert [k for k in keys if re.match(charts["grad_norm/attn by layer"], k)] != []
+
+
+V = "pre.layernorm.gelu.dense.res"
+
+
+def run_cli(*args, cwd=None, env=None, timeout=60):
+    """`python -m ablate ...` in a child process (a hang is a failure, not a stuck suite)."""
+    return subprocess.run([sys.executable, "-m", "ablate", *map(str, args)], cwd=cwd, env=env, timeout=timeout,
+                          capture_output=True, text=True)
+
+
+def files_under(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*")}
+
+
+def plant_links(victim_dir: Path, paths: list[Path]) -> dict[Path, Path]:
+    """A link at each output path, to a victim file of its own; returns link -> victim."""
+    links = {}
+    for i, path in enumerate(paths):
+        victim = victim_dir / f"victim-{i}"
+        victim.write_text("keep me\n")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)
+        path.symlink_to(victim)
+        links[path] = victim
+    return links
+
+
+def clean_env(tmp_path: Path) -> dict:
+    """HOME and TMPDIR in an empty folder of the test's, and no W&B settings from outside."""
+    home = tmp_path / "home"
+    (home / "tmp").mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(HOME=str(home), TMPDIR=str(home / "tmp"), XDG_CACHE_HOME=str(home / ".cache"),
+               XDG_CONFIG_HOME=str(home / ".config"), WANDB_SILENT="true")
+    return env
+
+
+@pytest.mark.parametrize("kind", ["absolute", "climbing"])
+def test_a_tensorboard_export_writes_nothing_outside_out_whatever_the_group_says(tmp_path, kind):
+    runs, out = tmp_path / "runs", tmp_path / "a" / "b" / "tb"
+    group = str(tmp_path / "x" / "ESCAPE") if kind == "absolute" else "../../../x/ESCAPE"
+    write_run(runs, V, 0, group=group)
+    write_run(runs, V, 1, group="..")
+    before = files_under(tmp_path)
+    assert main(["export", str(runs), "--to", "tensorboard", "--out", str(out)]) == 0
+    escaped = {p for p in files_under(tmp_path) - before if out not in p.parents and p != out}
+    assert escaped <= {tmp_path / "a", tmp_path / "a" / "b"}  # --out's own parents, nothing else
+    assert len(list(out.rglob("events.out.tfevents.*.start*"))) == 2
+
+
+def test_export_temporaries_planted_as_links_leave_their_targets_untouched(tmp_path):
+    runs, out, victims = tmp_path / "runs", tmp_path / "tb", tmp_path / "victims"
+    victims.mkdir()
+    run = write_run(runs, V, 0)
+    run_dir = out / run.group / "seed=0"
+    links = plant_links(victims, [run_dir / f".part-{i:06d}.tmp" for i in range(2)] + [out / ".part-000000.tmp"])
+    assert main(["export", str(runs), "--to", "tensorboard", "--out", str(out)]) == 0
+    assert all(v.read_text() == "keep me\n" for v in links.values())
+    assert list(run_dir.glob("events.out.tfevents.*"))
+
+
+def test_a_wandb_export_leaves_nothing_outside_out(tmp_path):
+    pytest.importorskip("wandb")
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    write_run(runs, V, 0)
+    env = clean_env(tmp_path)
+    result = run_cli("export", runs, "--to", "wandb", "--out", out, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert list(out.glob("wandb/offline-run-*"))
+    left = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "home").rglob("*") if p.is_file())
+    assert left == []
+
+
+@pytest.mark.parametrize("target", ["tensorboard", "wandb"])
+def test_export_skips_a_step_out_of_range_with_a_warning(tmp_path, target, monkeypatch):
+    pytest.importorskip(target)
+    for var in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb-home" / var))
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    run = write_run(runs, V, 0, status="running")
+    with open(run.path / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 2**63, "loss": 1.0}) + "\n")
+    result = run_cli("export", runs, "--to", target, "--out", out, env={**os.environ, "WANDB_SILENT": "true"},
+                     timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and str(2**63) in result.stderr

@@ -5,15 +5,20 @@ import pickle
 from pathlib import Path
 
 import pytest
-from test_grid import fake_cell, write_grid
+from test_grids import fake_cell, write_grid
 
 from ablate.backends import BACKENDS, backend_class
 from ablate.backends.base import Backend
-from ablate.cell import Cell, Execution
+from ablate.cell import Cell, CellResources
 from ablate.errors import ConfigError
-from ablate.grid_runner import ExecutionOptions, run_grid
+from ablate.grid_runner import GridRunOptions, run_grid
 from ablate.grids import load_grid
 from ablate.train import plan_run
+import json
+import textwrap
+from ablate.backends import local
+from ablate.cli import build_parser
+from ablate.grid_runner import run_checked_grid
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ablate"
 
@@ -41,26 +46,26 @@ def test_no_module_imports_another_modules_private_names():
 
 def test_contradictory_execution_options_are_refused_when_made():
     with pytest.raises(ConfigError, match="--workers is for --backend local"):
-        ExecutionOptions(backend="ray", workers=2)
+        GridRunOptions(backend="ray", workers=2)
     with pytest.raises(ConfigError, match="unknown backend 'mpi'"):
-        ExecutionOptions(backend="mpi")
+        GridRunOptions(backend="mpi")
     with pytest.raises(ConfigError, match="--retries -1"):
-        ExecutionOptions(retries=-1)
+        GridRunOptions(retries=-1)
 
 
 def test_run_grid_runs_a_grid_from_python_as_the_command_does(tmp_path, capsys):
     path = write_grid(tmp_path, "[base]\nweight_decay = 0.0\n[axes]\nnorm = ['pre', 'post']\nseed = [0, 1]\n")
     out = tmp_path / "out"
-    assert run_grid(path, out, ExecutionOptions(workers=0, quiet=True), cell_fn=fake_cell) == 0
+    assert run_grid(path, out, GridRunOptions(workers=0, quiet=True), cell_fn=fake_cell) == 0
     text = capsys.readouterr().out
     assert "4 to run on this process" in text and "4 completed" in text.splitlines()[-1]
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == sorted(c.id for c in load_grid(path).cells)
     # A rerun trains nothing; another grid's folder is refused before anything is written.
-    assert run_grid(path, out, ExecutionOptions(workers=0, quiet=True), cell_fn=fake_cell) == 0
+    assert run_grid(path, out, GridRunOptions(workers=0, quiet=True), cell_fn=fake_cell) == 0
     assert "nothing to run" in capsys.readouterr().out
     other = write_grid(tmp_path, "name = 'other'\n[axes]\nseed = [0]\n", name="other.toml")
     with pytest.raises(ConfigError, match="holds grid 'g'"):
-        run_grid(other, out, ExecutionOptions(workers=0), cell_fn=fake_cell)
+        run_grid(other, out, GridRunOptions(workers=0), cell_fn=fake_cell)
 
 
 def test_a_cell_holds_its_resolved_config_and_a_setting_is_shared_by_its_seeds(tmp_path):
@@ -85,8 +90,44 @@ def test_a_pickled_cell_carries_fields_not_cached_specs():
 
 def test_execution_threads_reach_the_plan_and_yield_to_the_cells_own():
     cell = Cell.from_options({"steps": 2, "batch_size": 2, "seq_len": 16})
-    assert plan_run(cell, Execution(3)).cfg.threads == 3
+    assert plan_run(cell, CellResources(3)).cfg.threads == 3
     assert plan_run(cell).cfg.threads is None
     pinned = Cell.from_options({"steps": 2, "batch_size": 2, "seq_len": 16, "threads": 1})
-    assert plan_run(pinned, Execution(3)).cfg.threads == 1
+    assert plan_run(pinned, CellResources(3)).cfg.threads == 1
     assert cell.id == pinned.id  # threads never names a run
+
+
+def losses(run_dir: Path) -> list:
+    return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_a_rerun_with_fewer_cells_left_keeps_the_recorded_thread_count(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(local, "cpu_count", lambda: 2)  # as on a 2-core machine, wherever this runs
+    path = tmp_path / "g.toml"
+    path.write_text(textwrap.dedent("""
+        [base]
+        layers = 2
+        batch_size = 4
+        seq_len = 32
+        eval_batches = 1
+        steps = 6
+        [axes]
+        seed = [0, 1, 2]
+    """))
+    grid = load_grid(path)
+    args = GridRunOptions.from_args(build_parser().parse_args(["grid", str(path), "--workers", "2", "--quiet"]))
+    out = tmp_path / "out"
+    assert run_checked_grid(grid, out, args) == 0
+    assert "3 to run on 2 workers, 1 thread each" in capsys.readouterr().out
+    last = out / grid.cells[-1].id
+    reference = losses(last)
+    assert json.loads((last / "config.json").read_text())["train"]["threads"] == 1
+    assert all(c["threads"] == 1 for c in json.loads((out / "grid.json").read_text())["cells"])
+    # As if the first run had stopped before this cell started: one cell left, two workers.
+    for item in last.iterdir():
+        item.unlink()
+    assert run_checked_grid(grid, out, args) == 0
+    assert "1 to run on 1 worker, 1 thread each" in capsys.readouterr().out  # was: 2 threads
+    assert json.loads((last / "config.json").read_text())["train"]["threads"] == 1
+    assert losses(last) == reference

@@ -1,10 +1,12 @@
 """The base model built from every variant: shapes, gradients, counts, wiring."""
+import json
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from ablate.config import cell_id, resolve
 from ablate.inspect_model import param_breakdown
 from ablate.model import build_model
 from ablate.sizes import get_size
@@ -13,6 +15,7 @@ from ablate.variants.mlps import gated_hidden
 from ablate.variants.placements import deepnorm_constants
 
 TINY = get_size("tiny")
+TINY6 = TINY.with_layers(6)  # the qk-norm test's model
 # Every block without qk-norm, and qk-norm (each type) on one block per placement: qk-norm sits
 # inside the attention, the same whatever the rest of the block is, so crossing it with every
 # other axis would triple the cases without testing anything new.
@@ -201,3 +204,67 @@ def test_the_gelu_keeps_torchs_kernel_off_the_cpu_float_path_and_its_edge_values
     (y, g), (y_ref, g_ref) = _gelu_and_grad(gelu, edges), _gelu_and_grad(lambda t: F.gelu(t, approximate="tanh"), edges)
     assert torch.equal(y.isnan(), y_ref.isnan()) and torch.equal(g.isnan(), g_ref.isnan())
     assert torch.allclose(y, y_ref, equal_nan=True) and torch.allclose(g, g_ref, equal_nan=True)
+
+
+@pytest.mark.parametrize("qk", ["layernorm", "rmsnorm"])
+def test_qk_norm_normalises_queries_and_keys_per_head(qk):
+    torch.manual_seed(0)
+    model = build_model(make_variant(qk_norm=qk), TINY6)
+    attn = model.blocks[0].attn
+    with torch.no_grad():
+        attn.q_norm.weight.fill_(1.0)
+        attn.k_norm.weight.fill_(1.0)
+    x = torch.randn(2, 8, TINY6.d_model) * 5
+    q, k, v = attn.qkv(x)
+    raw_q, raw_k, _ = attn.c_attn(x).split(TINY6.d_model, dim=2)
+    d_head = TINY6.d_model // TINY6.n_head
+    for t, raw in ((q, raw_q), (k, raw_k)):
+        heads = raw.view(2, 8, TINY6.n_head, d_head).transpose(1, 2)
+        if qk == "layernorm":
+            expected = F.layer_norm(heads, (d_head,))
+            assert torch.allclose(t.mean(-1), torch.zeros(()), atol=1e-5)
+        else:
+            expected = heads * torch.rsqrt(heads.square().mean(-1, keepdim=True) + 1e-5)
+        assert torch.allclose(t, expected, atol=1e-5)
+        assert torch.allclose(t.square().mean(-1), torch.ones(()), atol=1e-3)  # unit RMS per head
+    # ... and the attention is computed from the normalised ones.
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(2, 8, TINY6.d_model)
+    assert torch.allclose(attn(x), attn.c_proj(y), atol=1e-6)
+    plain = build_model(make_variant(), TINY6)
+    assert plain.blocks[0].attn.q_norm is None
+    assert make_variant(qk_norm=qk).id == f"pre.layernorm.gelu.dense.res.qk-{qk}"
+    assert make_variant().id == "pre.layernorm.gelu.dense.res"  # the default leaves ids unchanged
+
+
+def test_z_loss_adds_exactly_its_coefficient_times_mean_squared_log_partition():
+    from ablate.train import z_loss_term
+
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 7, requires_grad=True)
+    expected = torch.logsumexp(logits, -1).pow(2).mean()
+    assert torch.allclose(z_loss_term(logits), expected)
+    assert torch.allclose(z_loss_term(torch.zeros(1, 3, 10)), torch.tensor(math.log(10) ** 2))
+
+
+def test_z_loss_changes_training_but_not_what_the_logged_loss_means(tmp_path):
+    from ablate.cell import Cell
+    from ablate.train import train
+
+    def losses(z):
+        cell = Cell.from_options({"layers": 2, "steps": 6, "z_loss": z, "probes": False}, id_keys=["z_loss"])
+        train(cell, tmp_path / cell.id)
+        return [json.loads(line)["loss"] for line in (tmp_path / cell.id / "metrics.jsonl").read_text().splitlines()]
+
+    off, on = losses(0.0), losses(0.5)
+    assert off[0] == on[0]  # step 0: the same weights, the same cross-entropy (the z term is not logged)
+    assert off[1:] != on[1:]  # the gradient differs from the first update on
+
+
+def test_mlp_ratio_sets_the_dense_width_and_its_default_leaves_ids_unchanged():
+    assert resolve({"mlp_ratio": 2}).size.mlp_hidden == 128
+    assert resolve({}).size.mlp_hidden == 256
+    swiglu = resolve({"mlp": "swiglu", "mlp_ratio": 2})
+    model = build_model(swiglu.spec, swiglu.size)
+    assert model.blocks[0].mlp.c_proj.weight.shape[1] == round(2 * 128 / 3)  # gated: 2/3, parameter-matched
+    assert cell_id(resolve({"mlp_ratio": 4}), ["mlp_ratio"]) == "pre.layernorm.gelu.dense.res__seed=0"
+    assert cell_id(resolve({"mlp_ratio": 2}), ["mlp_ratio"]) == "pre.layernorm.gelu.dense.res__mlp_ratio=2__seed=0"

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import ablate.train
-from ablate.cell import Cell, Execution, run_cell
+from ablate.cell import Cell, CellResources, run_cell
 from ablate.cli import main
 from ablate.rundir import write_json_atomic
 
@@ -258,10 +258,10 @@ def test_a_schedulers_thread_count_yields_to_the_recorded_one(tmp_path, interrup
         run_cell(cell, tmp_path)
     threads_seen = interrupt_at(None)
     # A grid resumed with another worker count hands the cell another thread count (an
-    # Execution beside it); the run goes on with the one it started with.
+    # CellResources beside it); the run goes on with the one it started with.
     unpinned = Cell.from_options({"steps": 6, "batch_size": 2, "seq_len": 16, "eval_batches": 1})
     assert unpinned.id == cell.id
-    assert run_cell(unpinned, tmp_path, execution=Execution(2)).summary["status"] == "completed"
+    assert run_cell(unpinned, tmp_path, execution=CellResources(2)).summary["status"] == "completed"
     assert set(threads_seen) == {1}
     assert json.loads((tmp_path / cell.id / "config.json").read_text())["train"]["threads"] == 1
     assert not unpinned.is_given("threads") and cell.is_given("threads")

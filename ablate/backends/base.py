@@ -13,7 +13,7 @@ this order, and nothing is written before `prepare` has returned:
     slots(todo)             how many cells run at once in this process's view (status lines)
     run(todo, ...)          train them; a RunResult
 
-Execution settings (a cell's threads) reach the cell as an `Execution` beside it; the cell,
+What a scheduler gives a cell (its threads) reaches it as a `CellResources` beside it; the cell,
 what defines the run, is never rewritten.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from ablate.cell import ENVIRONMENT_ERRNOS, Cell, CellOutcome, Execution, failed_summary, run_cell
+from ablate.cell import ENVIRONMENT_ERRNOS, Cell, CellOutcome, CellResources, failed_summary, run_cell
 from ablate.errors import ConfigError
 from ablate.progress import Progress
 from ablate.rundir import SUMMARY, CellLock, read_json, write_json_atomic
@@ -35,7 +35,7 @@ PAYLOAD_KINDS = ("done", "refused", "error", "interrupted")
 
 
 class Backend:
-    """Base class of the backends; `options` is the grid's ExecutionOptions, `out` its folder."""
+    """Base class of the backends; `options` is the grid's GridRunOptions, `out` its folder."""
 
     name = ""
 
@@ -52,7 +52,7 @@ class Backend:
         """Torch threads for a cell without a recorded count; None: decided where it runs."""
         return None
 
-    def describe(self, todo: list[Cell], executions: dict[str, Execution]) -> str:
+    def describe(self, todo: list[Cell], executions: dict[str, CellResources]) -> str:
         raise NotImplementedError
 
     def slots(self, todo: list[Cell]) -> int:
@@ -63,13 +63,13 @@ class Backend:
         """Whether `run` submits and returns without waiting for the cells (SLURM's --no-wait)."""
         return False
 
-    def run(self, todo: list[Cell], executions: dict[str, Execution], progress: Progress,
+    def run(self, todo: list[Cell], executions: dict[str, CellResources], progress: Progress,
             record: dict[str, Any], on_change: OnChange, cell_fn: CellFn | None = None) -> "RunResult":
         raise NotImplementedError
 
 
 def call_cell(cell_fn: CellFn | None, cell: Cell, out_root: str, retries: int,
-              execution: Execution | None = None) -> tuple:
+              execution: CellResources | None = None) -> tuple:
     """Run one cell (with run_cell, or `cell_fn` in tests); never raises. Returns a payload (see
     PAYLOAD_KINDS): ("done", outcome, summary), or ("refused" | "error" | "interrupted", message)."""
     fn = cell_fn or run_cell
@@ -124,7 +124,7 @@ def record_payload(progress: Progress, result: RunResult, slot: int | None, cell
     result.outcomes[cell.id] = kind
 
 
-def fail_summary(out_root: str | Path, cell: Cell, error: str, attempts: int) -> dict:
+def record_failed_cell(out_root: str | Path, cell: Cell, error: str, attempts: int) -> dict:
     """Record a cell whose worker kept dying as failed (run_cell could not), and return its
     summary; one already there (the cell finished, only the message saying so was lost) is
     returned as it is."""

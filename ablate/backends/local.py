@@ -20,8 +20,8 @@ from collections import Counter, deque
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from ablate.backends.base import Backend, CellFn, RunResult, call_cell, cpu_count, fail_summary, record_payload
-from ablate.cell import Cell, Execution
+from ablate.backends.base import Backend, CellFn, RunResult, call_cell, cpu_count, record_failed_cell, record_payload
+from ablate.cell import Cell, CellResources
 from ablate.grid_state import cell_status
 from ablate.progress import Progress
 from ablate.rundir import PENDING, SUMMARY, read_json
@@ -49,7 +49,7 @@ class LocalBackend(Backend):
     def slots(self, todo: list[Cell]) -> int:
         return min(self.workers, len(todo))
 
-    def describe(self, todo: list[Cell], executions: dict[str, Execution]) -> str:
+    def describe(self, todo: list[Cell], executions: dict[str, CellResources]) -> str:
         n = self.slots(todo)
         where = f"{n} worker{'s' if n != 1 else ''}" if self.workers else "this process"
         per_cell = sorted({executions[c.id].threads_for(c) or 1 for c in todo})
@@ -192,7 +192,7 @@ def run_local(
     cell_fn: CellFn | None = None,
     gpus: list[str] | None = None,
     cells_per_gpu: int = 1,
-    executions: dict[str, Execution] | None = None,
+    executions: dict[str, CellResources] | None = None,
 ) -> RunResult:
     """Train `cells` (already filtered to the unfinished ones) with `workers` spawned worker
     processes, or in this process when workers == 0. `gpus` (CUDA_VISIBLE_DEVICES ids) gives
@@ -200,57 +200,99 @@ def run_local(
     `cell_fn` replaces run_cell (tests); in worker processes it must be importable by name.
     `on_change(cell_id=ID)` is called when a cell starts or ends, `on_change(idle=True)` while
     waiting (the caller rewrites grid.json, throttled). `executions`: cell id -> how it runs
-    (its threads); a cell without one gets the default Execution."""
-    out_root = str(out_root)
+    (its threads); a cell without one gets the default CellResources."""
     progress = progress or Progress("grid", len(cells), max(workers, 1), quiet=True)
-    on_change = on_change or (lambda idle=False, cell_id=None: None)
-    result = RunResult({}, [], [])
+    runner = _CellRunner(str(out_root), retries, progress, on_change, cell_fn, executions or {})
     if not cells:
-        return result
-    executions = executions or {}
-
-    def execution_of(cell: Cell) -> Execution:
-        return executions.get(cell.id) or Execution()
-
-    def record(slot, cell: Cell, payload: tuple, seconds: float | None) -> None:
-        record_payload(progress, result, slot, cell, payload, seconds)
-        on_change(cell_id=cell.id)
-
+        return runner.result
     if workers <= 0:  # in this process: no isolation, but debuggers and monkeypatching work
+        return runner.run_here(cells)
+    return WorkerPool(runner, min(workers, len(cells)), gpus or [], cells_per_gpu).run(cells)
+
+
+class _CellRunner:
+    """What both ways of running cells share: where they train, how each runs, and the record
+    of how each ended (`result`, one progress line, `on_change`)."""
+
+    def __init__(self, out_root: str, retries: int, progress: Progress, on_change: Callable[..., None] | None,
+                 cell_fn: CellFn | None, executions: dict[str, CellResources]):
+        self.out_root, self.retries, self.progress, self.cell_fn = out_root, retries, progress, cell_fn
+        self.on_change = on_change or (lambda idle=False, cell_id=None: None)
+        self.executions = executions
+        self.result = RunResult({}, [], [])
+
+    def execution_of(self, cell: Cell) -> CellResources:
+        return self.executions.get(cell.id) or CellResources()
+
+    def record(self, slot: int | None, cell: Cell, payload: tuple, seconds: float | None) -> None:
+        record_payload(self.progress, self.result, slot, cell, payload, seconds)
+        self.on_change(cell_id=cell.id)
+
+    def run_here(self, cells: list[Cell]) -> RunResult:
+        """Train the cells one after the other in this process; KeyboardInterrupt once one is stopped."""
         try:
             for cell in cells:
-                progress.started(0, cell.id)
-                on_change(cell_id=cell.id)
+                self.progress.started(0, cell.id)
+                self.on_change(cell_id=cell.id)
                 t0 = time.time()
-                record(0, cell, call_cell(cell_fn, cell, out_root, retries, execution_of(cell)), time.time() - t0)
-                if result.interrupted:
+                payload = call_cell(self.cell_fn, cell, self.out_root, self.retries, self.execution_of(cell))
+                self.record(0, cell, payload, time.time() - t0)
+                if self.result.interrupted:
                     break
         finally:
-            progress.close()
-        if result.interrupted:
+            self.progress.close()
+        if self.result.interrupted:
             raise KeyboardInterrupt
-        return result
+        return self.result
 
-    import multiprocessing as mp
-    from multiprocessing.connection import wait
 
-    ctx = mp.get_context("spawn")
-    pending: deque[Cell] = deque(cells)
-    crashes: Counter = Counter()
-    failed_starts = [0]
-    slots: dict[int, _Slot] = {}
-    n_workers = min(workers, len(cells))
+class WorkerPool:
+    """The grid process's side of the worker processes: it starts `n_workers` of them (slot
+    numbers 0..n-1; a replacement takes the next free number), feeds each a cell when it is
+    ready or has sent its last result, and reaps a worker that dies, retrying its cell or
+    recording it failed. A worker's messages: ("ready", pid), ("start", cell_id),
+    ("result", cell_id, payload)."""
 
-    def gpu_for(slot: int) -> str | None:
-        if not gpus:
+    def __init__(self, runner: _CellRunner, n_workers: int, gpus: list[str], cells_per_gpu: int):
+        import multiprocessing as mp
+
+        self.runner, self.n_workers, self.gpus, self.cells_per_gpu = runner, n_workers, gpus, cells_per_gpu
+        self.ctx = mp.get_context("spawn")
+        self.pending: deque[Cell] = deque()
+        self.crashes: Counter = Counter()  # cell id -> workers that died under it
+        self.failed_starts = 0  # workers that died before saying ready
+        self.slots: dict[int, _Slot] = {}
+
+    def run(self, cells: list[Cell]) -> RunResult:
+        """Train `cells`; on SIGTERM or SIGINT stop the workers (they checkpoint) and re-raise."""
+        self.pending.extend(cells)
+        previous_term = _raise_on_sigterm()  # a terminated grid stops its workers cleanly
+        try:
+            for slot in range(self.n_workers):
+                self.spawn(slot)
+            while any(not s.dead and (not s.stopping or s.cell is not None) for s in self.slots.values()):
+                self.serve()
+        except KeyboardInterrupt:
+            self.runner.result.interrupted = True
+            _stop(self.slots.values())
+            raise
+        finally:
+            if previous_term is not _NOT_MAIN_THREAD:
+                signal.signal(signal.SIGTERM, previous_term)
+            self.close()
+        return self.runner.result
+
+    def gpu_for(self, slot: int) -> str | None:
+        if not self.gpus:
             return None
-        return gpus[(slot // max(cells_per_gpu, 1)) % len(gpus)]
+        return self.gpus[(slot // max(self.cells_per_gpu, 1)) % len(self.gpus)]
 
-    def spawn(slot: int) -> None:
-        parent_end, child_end = ctx.Pipe(duplex=True)
-        gpu = gpu_for(slot)
-        proc = ctx.Process(target=_worker, name=f"ablate-grid-worker-{slot}", daemon=True,
-                           args=(slot, os.getpid(), gpu, child_end, cell_fn, out_root, retries))
+    def spawn(self, slot: int) -> None:
+        r = self.runner
+        parent_end, child_end = self.ctx.Pipe(duplex=True)
+        gpu = self.gpu_for(slot)
+        proc = self.ctx.Process(target=_worker, name=f"ablate-grid-worker-{slot}", daemon=True,
+                                args=(slot, os.getpid(), gpu, child_end, r.cell_fn, r.out_root, r.retries))
         # The worker's GPU is in its environment from its first instruction (spawn copies
         # os.environ at start), before torch is imported there.
         saved = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -265,28 +307,80 @@ def run_local(
                 else:
                     os.environ["CUDA_VISIBLE_DEVICES"] = saved
         child_end.close()  # so that the worker's death reads as EOF here
-        slots[slot] = _Slot(proc, parent_end, gpu)
+        self.slots[slot] = _Slot(proc, parent_end, gpu)
 
-    def send(s: _Slot, item) -> None:
+    def serve(self) -> None:
+        """Wait up to half a second for a message or a worker's death, and act on what came."""
+        from multiprocessing.connection import wait
+
+        live = {s.conn: slot for slot, s in self.slots.items() if not s.dead}
+        sentinels = {s.proc.sentinel: slot for slot, s in self.slots.items() if not s.dead}
+        ready = wait(list(live) + list(sentinels), timeout=0.5)
+        if not ready:
+            self.runner.on_change(idle=True)
+            return
+        for obj in ready:
+            if obj in live:
+                self.read(live[obj])
+            else:
+                self.read_last_words(sentinels[obj])
+
+    def read(self, slot: int) -> None:
+        """Handle what a worker sent; its pipe closed means it died."""
+        s = self.slots[slot]
+        if s.dead:
+            return
         try:
-            s.conn.send(item)
-        except (BrokenPipeError, OSError):
-            pass  # it died; its EOF or its exit code brings it to reap()
+            while s.conn.poll():
+                self.handle(slot, s.conn.recv())
+        except (EOFError, OSError):
+            self.reap(slot)
 
-    def feed(slot: int) -> None:
-        s = slots[slot]
-        if pending:
-            s.cell = pending.popleft()
+    def read_last_words(self, slot: int) -> None:
+        """A worker's process ended: handle what it sent before dying, then reap it."""
+        s = self.slots[slot]
+        if s.dead:
+            return
+        try:
+            while s.conn.poll():
+                self.handle(slot, s.conn.recv())
+        except (EOFError, OSError):
+            pass
+        self.reap(slot)
+
+    def handle(self, slot: int, msg: tuple) -> None:
+        s, r = self.slots[slot], self.runner
+        kind = msg[0]
+        if kind == "ready":
+            s.ready = True
+            self.feed(slot)
+        elif kind == "start":
+            r.progress.started(slot, msg[1])
+            r.on_change(cell_id=msg[1])
+        elif kind == "result":
+            cell, s.cell = s.cell, None
+            if cell is None or cell.id != msg[1]:
+                return
+            r.record(slot, cell, msg[2], time.time() - s.started)
+            if r.result.interrupted:
+                raise KeyboardInterrupt
+            self.feed(slot)
+
+    def feed(self, slot: int) -> None:
+        """Send the worker the next cell, or None (stop) when none is left."""
+        s = self.slots[slot]
+        if self.pending:
+            s.cell = self.pending.popleft()
             s.started = time.time()
-            send(s, (s.cell, execution_of(s.cell)))
+            _send(s, (s.cell, self.runner.execution_of(s.cell)))
         else:
             s.cell = None
             s.stopping = True
-            send(s, None)
+            _send(s, None)
 
-    def reap(slot: int) -> None:
+    def reap(self, slot: int) -> None:
         """A worker died (OOM killer, segfault, kill): retry its cell or record it failed."""
-        s = slots[slot]
+        s = self.slots[slot]
         if s.dead:
             return
         s.dead = True
@@ -294,104 +388,76 @@ def run_local(
         code = s.proc.exitcode
         s.conn.close()
         cell, s.cell = s.cell, None
-        progress.running.pop(slot, None)
+        self.runner.progress.running.pop(slot, None)
         if s.stopping and cell is None:
             return  # it had finished its work and was told to stop
         s.stopping = True
         if cell is not None:
-            crashes[cell.id] += 1
-            summary_path = Path(out_root) / cell.id / SUMMARY
-            if summary_path.exists():  # it finished; only the message was lost
-                record(slot, cell, ("done", "trained", read_json(summary_path)), None)
-            elif crashes[cell.id] <= retries:
-                progress.write(f"retry     {cell.id}  worker died (exit code {code}); "
-                               f"attempt {crashes[cell.id] + 1} of {retries + 1}")
-                pending.appendleft(cell)
-            else:
-                error = f"worker process died (exit code {code})"
-                record(slot, cell, ("done", "trained", fail_summary(out_root, cell, error, crashes[cell.id])), None)
+            self.retry_or_fail(slot, cell, code)
         elif not s.ready:
-            failed_starts[0] += 1
-            if failed_starts[0] > 2 * n_workers + 2:  # the environment is broken: stop trying
-                while pending:
-                    record(None, pending.popleft(), ("error", f"worker processes fail to start (exit code {code})"), None)
-        if pending:
-            spawn(max(slots) + 1)
+            self.count_failed_start(code)
+        if self.pending:
+            self.spawn(max(self.slots) + 1)
 
-    def handle(slot: int, msg: tuple) -> None:
-        s = slots[slot]
-        kind = msg[0]
-        if kind == "ready":
-            s.ready = True
-            feed(slot)
-        elif kind == "start":
-            progress.started(slot, msg[1])
-            on_change(cell_id=msg[1])
-        elif kind == "result":
-            cell, s.cell = s.cell, None
-            if cell is None or cell.id != msg[1]:
-                return
-            record(slot, cell, msg[2], time.time() - s.started)
-            if result.interrupted:
-                raise KeyboardInterrupt
-            feed(slot)
+    def retry_or_fail(self, slot: int, cell: Cell, code: int | None) -> None:
+        """The cell whose worker died: finished after all, tried again, or recorded failed."""
+        r = self.runner
+        self.crashes[cell.id] += 1
+        summary_path = Path(r.out_root) / cell.id / SUMMARY
+        if summary_path.exists():  # it finished; only the message was lost
+            r.record(slot, cell, ("done", "trained", read_json(summary_path)), None)
+        elif self.crashes[cell.id] <= r.retries:
+            r.progress.write(f"retry     {cell.id}  worker died (exit code {code}); "
+                             f"attempt {self.crashes[cell.id] + 1} of {r.retries + 1}")
+            self.pending.appendleft(cell)
+        else:
+            error = f"worker process died (exit code {code})"
+            summary = record_failed_cell(r.out_root, cell, error, self.crashes[cell.id])
+            r.record(slot, cell, ("done", "trained", summary), None)
 
-    previous_term = signal.getsignal(signal.SIGTERM)
+    def count_failed_start(self, code: int | None) -> None:
+        """A worker died before it was ready; after too many, the environment is broken: every
+        cell left is recorded as an error instead of trying again forever."""
+        self.failed_starts += 1
+        if self.failed_starts > 2 * self.n_workers + 2:
+            while self.pending:
+                self.runner.record(None, self.pending.popleft(),
+                                   ("error", f"worker processes fail to start (exit code {code})"), None)
 
-    def on_term(signum, frame):
-        raise KeyboardInterrupt
-
-    in_main = True
-    try:
-        signal.signal(signal.SIGTERM, on_term)  # a terminated grid stops its workers cleanly
-    except ValueError:
-        in_main = False
-    try:
-        for slot in range(n_workers):
-            spawn(slot)
-        while any(not s.dead and (not s.stopping or s.cell is not None) for s in slots.values()):
-            live = {s.conn: slot for slot, s in slots.items() if not s.dead}
-            sentinels = {s.proc.sentinel: slot for slot, s in slots.items() if not s.dead}
-            ready = wait(list(live) + list(sentinels), timeout=0.5)
-            if not ready:
-                on_change(idle=True)
-                continue
-            for obj in ready:
-                if obj in live:
-                    slot = live[obj]
-                    if slots[slot].dead:
-                        continue
-                    try:
-                        while slots[slot].conn.poll():
-                            handle(slot, slots[slot].conn.recv())
-                    except (EOFError, OSError):
-                        reap(slot)
-                else:
-                    slot = sentinels[obj]
-                    s = slots[slot]
-                    if not s.dead:
-                        try:  # read what it sent before dying
-                            while s.conn.poll():
-                                handle(slot, s.conn.recv())
-                        except (EOFError, OSError):
-                            pass
-                        reap(slot)
-    except KeyboardInterrupt:
-        result.interrupted = True
-        _stop(slots.values())
-        raise
-    finally:
-        if in_main:
-            signal.signal(signal.SIGTERM, previous_term)
-        for s in slots.values():
+    def close(self) -> None:
+        """Wait for every worker to exit (kill one that does not within 5 s) and close the pipes."""
+        for s in self.slots.values():
             s.proc.join(timeout=5)
             if s.proc.is_alive():
                 s.proc.kill()
                 s.proc.join(timeout=5)
             if not s.conn.closed:
                 s.conn.close()
-        progress.close()
-    return result
+        self.runner.progress.close()
+
+
+_NOT_MAIN_THREAD = object()
+
+
+def _raise_on_sigterm() -> Any:
+    """Make SIGTERM raise KeyboardInterrupt here; returns the handler it replaced, or
+    _NOT_MAIN_THREAD where signals cannot be set (then nothing changed)."""
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        signal.signal(signal.SIGTERM, on_term)
+    except ValueError:
+        return _NOT_MAIN_THREAD
+    return previous
+
+
+def _send(s: _Slot, item) -> None:
+    try:
+        s.conn.send(item)
+    except (BrokenPipeError, OSError):
+        pass  # it died; its EOF or its exit code brings it to reap()
 
 
 def _stop(slots: Iterable[_Slot], grace_s: float = 30.0) -> None:

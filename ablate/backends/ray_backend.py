@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ablate.backends.base import Backend, RunResult, call_cell, fail_summary, record_payload
-from ablate.cell import Cell, Execution
+from ablate.backends.base import Backend, RunResult, call_cell, record_failed_cell, record_payload
+from ablate.cell import Cell, CellResources
 from ablate.errors import ConfigError
 from ablate.grid_state import refresh_grid_json
 from ablate.progress import Progress
@@ -54,7 +54,7 @@ def import_ray():
     return ray
 
 
-def ray_cell_task(cell: Cell, execution: Execution, out_root: str, retries: int, record: dict[str, Any] | None) -> tuple:
+def ray_cell_task(cell: Cell, execution: CellResources, out_root: str, retries: int, record: dict[str, Any] | None) -> tuple:
     """What one Ray task runs (module level, so workers import it by name)."""
     payload = call_cell(None, cell, out_root, retries, execution)
     refresh_grid_json(out_root, record)
@@ -114,7 +114,7 @@ def run_ray(
     on_change=None,
     poll_s: float = 1.0,
     session: tuple | None = None,
-    executions: dict[str, Execution] | None = None,
+    executions: dict[str, CellResources] | None = None,
 ) -> RunResult:
     """Submit each of `cells` (the unfinished ones) as a Ray task and wait for them all.
     `gpus_per_cell` None means 1 when the cluster has GPUs, else 0; a fraction packs small
@@ -131,7 +131,7 @@ def run_ray(
             num_cpus=cpus_per_cell, num_gpus=gpus_per_cell, max_retries=retries, name="ablate-cell")
         record_ref = ray.put(record) if record is not None else None
         executions = executions or {}
-        refs = {task.remote(cell, executions.get(cell.id) or Execution(max(1, int(cpus_per_cell))), out_root, retries, record_ref): cell
+        refs = {task.remote(cell, executions.get(cell.id) or CellResources(max(1, int(cpus_per_cell))), out_root, retries, record_ref): cell
                 for cell in cells}
         progress.note(f"submitted {len(refs)} Ray tasks ({cpus_per_cell:g} CPU, {gpus_per_cell:g} GPU each)")
         started = {ref: time.time() for ref in refs}
@@ -143,7 +143,7 @@ def run_ray(
                 try:
                     payload = ray.get(ref)
                 except ray.exceptions.RayError as e:  # the task's worker kept dying (or its message was lost)
-                    summary = fail_summary(out_root, cell, f"Ray task lost: {type(e).__name__}", retries + 1)
+                    summary = record_failed_cell(out_root, cell, f"Ray task lost: {type(e).__name__}", retries + 1)
                     payload = ("done", "trained", summary)
                 record_payload(progress, result, None, cell, payload, time.time() - started[ref])
                 on_change()

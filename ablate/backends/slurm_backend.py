@@ -18,6 +18,7 @@ With `--slurm-cluster local|debug` submitit runs the array as local processes or
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -29,7 +30,7 @@ from typing import Any
 from ablate.backends import slurm_tools
 from ablate.backends.slurm_job import SlurmCellJob, read_result
 from ablate.backends.base import Backend, RunResult, record_payload
-from ablate.cell import Cell, Execution, finished_status
+from ablate.cell import Cell, CellResources, finished_status
 from ablate.errors import ConfigError
 from ablate.progress import Progress
 from ablate.rundir import DONE, SUMMARY, read_json, write_json_atomic
@@ -74,8 +75,8 @@ class SlurmBackend(Backend):
                          executor=self.executor, executions=executions)
 
 
-def _executions(cells: list[Cell], executions: dict[str, Execution] | None) -> list[Execution]:
-    return [(executions or {}).get(c.id) or Execution() for c in cells]
+def _executions(cells: list[Cell], executions: dict[str, CellResources] | None) -> list[CellResources]:
+    return [(executions or {}).get(c.id) or CellResources() for c in cells]
 
 
 def import_submitit():
@@ -141,14 +142,22 @@ def make_executor(folder: str | Path, *, cluster: str = "slurm", partition: str 
 
 
 class _SubmitLock:
-    """An exclusive flock on the slurm folder while deciding what to submit."""
+    """An exclusive flock on the slurm folder while deciding what to submit. Opened with
+    O_NOFOLLOW, as every lock is: a .submit.lock that is a link is refused, never followed
+    (O_CREAT through a dangling link would create its target)."""
 
     def __init__(self, folder: Path):
         self.path = folder / ".submit.lock"
 
     def __enter__(self):
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise ConfigError(f"{self.path} is a symbolic link (to {os.readlink(self.path)!r}); the submit lock "
+                                  "must be a plain file: remove the link") from None
+            raise
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         return self
 
@@ -210,10 +219,10 @@ def run_slurm(
     on_change=None,
     poll_s: float | None = None,
     executor=None,
-    executions: dict[str, Execution] | None = None,
+    executions: dict[str, CellResources] | None = None,
 ) -> RunResult:
     """Submit `cells` (the unfinished ones) as a job array, except those a job from an earlier
-    run still queues or trains, and with `wait` follow them all to the end. `executions`: cell id -> its Execution
+    run still queues or trains, and with `wait` follow them all to the end. `executions`: cell id -> its CellResources
     (a cell without one trains on the CPUs its job was allocated)."""
     out_root = str(Path(out_root).resolve())
     progress = progress or Progress("grid", len(cells), 0, quiet=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate.backends.base import PAYLOAD_KINDS, call_cell, cpu_count
-from ablate.cell import Cell, Execution
+from ablate.cell import Cell, CellResources
 from ablate.backends.slurm_tools import parse_seconds
 from ablate.rundir import SUMMARY, read_json, write_json_atomic
 from ablate.grid_state import refresh_grid_json
@@ -124,7 +124,7 @@ class SlurmCellJob:
     def __init__(self, margin_s: float = 90.0):
         self.margin_s = margin_s
 
-    def __call__(self, cell: Cell, execution: Execution, out_root: str, retries: int,
+    def __call__(self, cell: Cell, execution: CellResources, out_root: str, retries: int,
                  record: dict[str, Any] | None) -> tuple:
         job_id = slurm_job_id()
         watch = _TimeLimitWatch(job_id, self.margin_s)
@@ -133,7 +133,7 @@ class SlurmCellJob:
         except ValueError:  # not the main thread: no signals
             pass
         if job_id and execution.threads is None:
-            execution = Execution(allocated_cpus())  # yields to a resumed run's recorded count
+            execution = CellResources(allocated_cpus())  # yields to a resumed run's recorded count
         try:
             payload = call_cell(None, cell, out_root, retries, execution)
         finally:

@@ -170,7 +170,3 @@ def gpu_figures(steps: int = 30) -> list[dict]:
             except Exception as e:  # noqa: BLE001  (report a backend that cannot run, keep going)
                 rows.append({"kernels": kernels, "compile": compiled, "error": str(e).splitlines()[0]})
     return rows
-
-
-def threads_note() -> str:
-    return f"{torch.get_num_threads()} torch threads, {os.cpu_count()} cores"

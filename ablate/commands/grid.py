@@ -35,7 +35,7 @@ def add_arguments(p) -> None:
 
 
 def add_execution_arguments(p) -> None:
-    """The flags of ExecutionOptions (ablate.grid_runner), one per field: where and how cells run."""
+    """The flags of GridRunOptions (ablate.grid_runner), one per field: where and how cells run."""
     p.add_argument("--backend", choices=BACKENDS, default="local", help="where cells run (default local)")
     p.add_argument("--workers", type=int, metavar="N",
                    help="local: cells at once, each in its own process (default: one per GPU x --cells-per-gpu, "
@@ -147,12 +147,12 @@ def _has_imports(grid: str) -> bool:
 def run(args) -> int:
     if args.list:
         return list_grids()
-    from ablate.grid_runner import ExecutionOptions, check_grid, default_out, run_grid
+    from ablate.grid_runner import GridRunOptions, check_grid, default_out, run_grid
     from ablate.grids import parse_overrides, shipped_grids
 
     if not args.grid:
         raise ConfigError(f"missing GRID; valid: a grid file (TOML) or a shipped grid ({', '.join(shipped_grids())})")
-    options = ExecutionOptions.from_args(args)  # contradictory flags refused before the grid is read
+    options = GridRunOptions.from_args(args)  # contradictory flags refused before the grid is read
     overrides = parse_overrides(args.set)
     if args.kernels is not None:
         from ablate.kernels import CHOICES

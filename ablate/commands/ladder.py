@@ -254,13 +254,13 @@ def _claims_and_sources(names: list[str]):
 
 def run(args) -> int:
     from ablate.commands.reproduce import quick_workers
-    from ablate.grid_runner import ExecutionOptions
+    from ablate.grid_runner import GridRunOptions
     from ablate.grids import REFUSE_IMPORTS, RUN_IMPORTS, parse_overrides
     from ablate.ladder import parse_widths
 
     if args.workers is None:
         args.workers = 1 if args.full else quick_workers()
-    options = ExecutionOptions.from_args(args)
+    options = GridRunOptions.from_args(args)
     overrides = parse_overrides(args.set)
     widths = parse_widths(args.widths)
     scale = "gpu" if args.full else "cpu"

@@ -204,7 +204,7 @@ def reproduce(claim, out: Path, scale: str, overrides: dict, args, grid=None):
     """Run the claim's grid (ablate.grid_runner, local workers), then write its report and
     verdict. Returns (exit status, Verdict or None)."""
     from ablate.analysis.claim_report import clause_line, write_claim_report
-    from ablate.grid_runner import ExecutionOptions, run_grid
+    from ablate.grid_runner import GridRunOptions, run_grid
 
     grid = grid or _plan(claim, out, scale, overrides)
     workers = args.workers if args.workers is not None else (1 if scale == "gpu" else quick_workers())
@@ -217,7 +217,7 @@ def reproduce(claim, out: Path, scale: str, overrides: dict, args, grid=None):
         print(f"estimated time: about {_minutes(quick_seconds(grid, max(1, workers)))} with {max(1, workers)} "
               "cell(s) at once (this machine's speed, measured)", flush=True)
     t0 = time.time()
-    status = run_grid(grid, out, ExecutionOptions(workers=workers, quiet=args.quiet))
+    status = run_grid(grid, out, GridRunOptions(workers=workers, quiet=args.quiet))
     if status == 2:
         return status, None
     report, verdict = write_claim_report(claim, out)

@@ -226,10 +226,3 @@ def format_case(rs: list[Result], copy_bw: float) -> str:
 
 def _ratio(x: float) -> str:
     return "-" if math.isnan(x) else f"{x:.2f}x"  # "-": that baseline was not run (--no-compile)
-
-
-def format_results(results: list[Result], copy_bw: float) -> str:
-    by_case: dict = {}
-    for r in results:
-        by_case.setdefault(r.case, []).append(r)
-    return "\n".join([format_header(copy_bw)] + [format_case(rs, copy_bw) for rs in by_case.values()])

@@ -2,7 +2,7 @@
 fallback to `reference`, and buffer allocation. A backend only supplies *launchers*, functions
 that run one kernel on 2-D views with preallocated outputs (see `Launchers`).
 
-Each backend registers the same six custom ops under its own namespace (`ablate_triton::`,
+Each backend registers the same seven custom ops under its own namespace (`ablate_triton::`,
 `ablate_cuda::`) with `torch.library.custom_op`, so autograd and `torch.compile` see opaque ops
 with fake (shape-only) implementations and a registered backward:
 
@@ -36,6 +36,7 @@ from ablate.kernels.reference import ReferenceBackend
 ACTS = ("gelu", "gelu_erf", "relu", "silu", "relu2")
 ACT_IDS = {name: i for i, name in enumerate(ACTS)}
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+T = torch.Tensor  # short, for the custom ops' signatures: torch reads each op's schema from its annotations
 
 _POISON = [False]
 
@@ -109,10 +110,19 @@ class Launchers(Protocol):
 
 
 def define_ops(ns: str, k: Launchers):
-    """Register the six custom ops (and their autograd) under namespace `ns`, backed by `k`."""
-    T = torch.Tensor
+    """Register the seven custom ops (four forward, three backward) and their autograd under
+    namespace `ns`, backed by `k`, one family at a time."""
+    act, act_bwd = _activation_ops(ns, k)
+    gated, gated_bwd = _gated_ops(ns, k)
+    norm, add_norm = _norm_ops(ns, k)
+    norm_bwd = _norm_bwd_op(ns, k)
+    _norm_autograd(norm, add_norm, norm_bwd)
+    return SimpleNamespace(act=act, act_bwd=act_bwd, gated=gated, gated_bwd=gated_bwd,
+                           norm=norm, add_norm=add_norm, norm_bwd=norm_bwd)
 
-    # ---- activations ---------------------------------------------------------------------
+
+def _activation_ops(ns: str, k: Launchers):
+    """`ns::act(x, name)` and its backward `ns::act_bwd(x, dy, name)`."""
     @torch.library.custom_op(f"{ns}::act", mutates_args=())
     def act(x: T, name: str) -> T:
         y = new_buffer(x.shape, x.dtype, x.device)
@@ -149,8 +159,11 @@ def define_ops(ns: str, k: Launchers):
         return act_bwd(x, dy, ctx.name), None
 
     act.register_autograd(act_backward, setup_context=act_setup)
+    return act, act_bwd
 
-    # ---- gated products: act(gate) * up ----------------------------------------------------
+
+def _gated_ops(ns: str, k: Launchers):
+    """Gated products act(gate) * up: `ns::gated(gate, up, name)` and `ns::gated_bwd`."""
     @torch.library.custom_op(f"{ns}::gated", mutates_args=())
     def gated(gate: T, up: T, name: str) -> T:
         y = new_buffer(gate.shape, gate.dtype, gate.device)
@@ -191,27 +204,34 @@ def define_ops(ns: str, k: Launchers):
         return dg, du, None
 
     gated.register_autograd(gated_backward, setup_context=gated_setup)
+    return gated, gated_bwd
 
-    # ---- LayerNorm / RMSNorm, and the fused residual add + norm ---------------------------
-    def _stats(x, rows, rms):
-        mean = new_buffer((0,) if rms else (rows,), torch.float32, x.device)
-        rstd = new_buffer((rows,), torch.float32, x.device)
-        return mean, rstd
 
-    def _wb(weight, bias):
-        w = weight.to(torch.float32).contiguous()
-        b = None if bias is None else bias.to(torch.float32).contiguous()
-        return w, b
+# ---- LayerNorm / RMSNorm, and the fused residual add + norm ---------------------------------
+def _norm_stats(x: T, rows: int, rms: bool) -> tuple[T, T]:
+    """The float32 per-row mean (empty for RMSNorm) and rstd buffers a norm forward writes."""
+    mean = new_buffer((0,) if rms else (rows,), torch.float32, x.device)
+    rstd = new_buffer((rows,), torch.float32, x.device)
+    return mean, rstd
 
+
+def _float32_weights(weight: T, bias: Optional[T]) -> tuple[T, Optional[T]]:
+    w = weight.to(torch.float32).contiguous()
+    b = None if bias is None else bias.to(torch.float32).contiguous()
+    return w, b
+
+
+def _norm_ops(ns: str, k: Launchers):
+    """The norm forwards: `ns::norm(x, w, b?, eps, rms)` and `ns::add_norm(x, r, w, b?, eps, rms)`."""
     @torch.library.custom_op(f"{ns}::norm", mutates_args=())
     def norm(x: T, weight: T, bias: Optional[T], eps: float, rms: bool) -> tuple[T, T, T]:
         cols = x.shape[-1]
         rows = x.numel() // cols
         y = new_buffer(x.shape, x.dtype, x.device)
-        mean, rstd = _stats(x, rows, rms)
+        mean, rstd = _norm_stats(x, rows, rms)
         if rows:
             x2 = as_rows(x, flat=False)
-            w, b = _wb(weight, bias)
+            w, b = _float32_weights(weight, bias)
             with device_of(x):
                 k.norm_fwd(x2, None, None, y.view(rows, cols), w, b, None if rms else mean, rstd, eps, rms)
         return y, mean, rstd
@@ -228,10 +248,10 @@ def define_ops(ns: str, k: Launchers):
         rows = x.numel() // cols
         s = new_buffer(x.shape, x.dtype, x.device)
         y = new_buffer(x.shape, x.dtype, x.device)
-        mean, rstd = _stats(x, rows, rms)
+        mean, rstd = _norm_stats(x, rows, rms)
         if rows:
             x2, r2 = as_rows(x, flat=False), as_rows(r, flat=False)
-            w, b = _wb(weight, bias)
+            w, b = _float32_weights(weight, bias)
             with device_of(x):
                 k.norm_fwd(x2, r2, s.view(rows, cols), y.view(rows, cols), w, b,
                            None if rms else mean, rstd, eps, rms)
@@ -244,6 +264,11 @@ def define_ops(ns: str, k: Launchers):
         return (x.new_empty(x.shape), x.new_empty(x.shape),
                 x.new_empty((0,) if rms else (rows,), **f32), x.new_empty((rows,), **f32))
 
+    return norm, add_norm
+
+
+def _norm_bwd_op(ns: str, k: Launchers):
+    """`ns::norm_bwd`, the backward both norm forwards share."""
     @torch.library.custom_op(f"{ns}::norm_bwd", mutates_args=())
     def norm_bwd(dy: T, ds: Optional[T], x: T, weight: T, mean: T, rstd: T,
                  has_bias: bool, rms: bool) -> tuple[T, T, T]:
@@ -260,7 +285,7 @@ def define_ops(ns: str, k: Launchers):
         x2 = as_rows(x, flat=False)
         dy2 = as_rows(dy.to(x.dtype), flat=False)
         ds2 = None if ds is None else as_rows(ds.to(x.dtype), flat=False)
-        w, _ = _wb(weight, None)
+        w, _ = _float32_weights(weight, None)
         with device_of(x):
             k.norm_bwd(dy2, ds2, x2, w, None if rms else mean, rstd, dx.view(rows, cols), dw_part, db_part, rms)
         dw = dw_part.sum(0).to(weight.dtype)
@@ -271,6 +296,11 @@ def define_ops(ns: str, k: Launchers):
     def _(dy, ds, x, weight, mean, rstd, has_bias, rms):
         return x.new_empty(x.shape), weight.new_empty(weight.shape), weight.new_empty(weight.shape if has_bias else (0,))
 
+    return norm_bwd
+
+
+def _norm_autograd(norm, add_norm, norm_bwd) -> None:
+    """Register the backward of `norm` and `add_norm`, both through `norm_bwd`."""
     def norm_setup(ctx, inputs, output):
         x, weight, bias, eps, rms = inputs
         _, mean, rstd = output
@@ -302,9 +332,6 @@ def define_ops(ns: str, k: Launchers):
         return dx, dx, dw, (db if ctx.has_bias else None), None, None
 
     add_norm.register_autograd(add_norm_backward, setup_context=add_norm_setup)
-
-    return SimpleNamespace(act=act, act_bwd=act_bwd, gated=gated, gated_bwd=gated_bwd,
-                           norm=norm, add_norm=add_norm, norm_bwd=norm_bwd)
 
 
 class KernelBackend:

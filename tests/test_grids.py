@@ -1,8 +1,8 @@
-"""`ablate grid`, without real training: grid files, expansion, errors, listing, scheduling
-(worker processes with a fake trainer behind the real run_cell), grid.json."""
+"""Grid files (ablate/grids.py) and `ablate grid` without real training: expansion, errors,
+listing, dry runs, grid.json, a grid file's imports; and the fake trainer behind the real
+run_cell that the scheduling tests (test_backend_local.py, test_grid_runner.py) share."""
 import json
 import os
-import re
 import textwrap
 import time
 from pathlib import Path
@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 
 from ablate import grid_state
-from ablate.backends import base, local
-from ablate.cell import Execution, run_cell
+from ablate.cell import CellResources, run_cell
 from ablate.cli import build_parser, main
-from ablate.grid_runner import ExecutionOptions, execute
+from ablate.grid_runner import GridRunOptions
 from ablate.errors import ConfigError
 from ablate.grids import load_grid, shipped_grids
 from ablate.rundir import CellLock, write_json_atomic
+import subprocess
+import sys
 
 # --------------------------------------------------------------------------- helpers
 
@@ -64,7 +65,7 @@ def attempts(run_dir):
 
 
 def grid_args(*argv):
-    return ExecutionOptions.from_args(build_parser().parse_args(["grid", *map(str, argv)]))
+    return GridRunOptions.from_args(build_parser().parse_args(["grid", *map(str, argv)]))
 
 
 SMALL = """
@@ -194,7 +195,7 @@ def test_threads_is_recorded_but_never_changes_the_id(tmp_path):
     assert [c.id for c in plain.cells] == [c.id for c in threaded.cells]
     assert threaded.cells[0].options["threads"] == 3 and "threads" not in plain.cells[0].options
     # A worker's count travels beside the cell; the grid's own count wins over it.
-    assert Execution(2).threads_for(plain.cells[0]) == 2 and Execution(2).threads_for(threaded.cells[0]) == 3
+    assert CellResources(2).threads_for(plain.cells[0]) == 2 and CellResources(2).threads_for(threaded.cells[0]) == 3
 
 
 BAD_GRIDS = [
@@ -270,104 +271,7 @@ def test_dry_run_prints_cells_and_total_steps_and_writes_nothing(tmp_path, capsy
     assert "120 cells" in capsys.readouterr().out and not out.exists()
 
 
-# --------------------------------------------------------------------------- scheduling (fake trainer)
-
-
-def test_workers_run_every_cell_once_and_a_rerun_trains_nothing(tmp_path, capsys):
-    path = write_grid(tmp_path, SMALL)
-    grid, out = load_grid(path), tmp_path / "out"
-    assert execute(grid, out, grid_args(path, "--workers", "2", "--quiet"), cell_fn=fake_cell) == 0
-    text = capsys.readouterr().out
-    assert "6 to run on 2 workers" in text and len(re.findall(r"^\[\d/6\] completed ", text, re.M)) == 6
-    dirs = sorted(p.name for p in out.iterdir() if p.is_dir())
-    assert dirs == sorted(c.id for c in grid.cells)
-    pids = set()
-    threads = max(1, base.cpu_count() // 2)
-    for cell in grid.cells:
-        runs = attempts(out / cell.id)
-        assert len(runs) == 1 and runs[0]["threads"] == threads and runs[0]["gpu"] is None
-        pids.add(runs[0]["pid"])
-    assert 1 <= len(pids) <= 2 and os.getpid() not in pids  # long-lived workers took all the cells
-    state = json.loads((out / "grid.json").read_text())
-    assert state["name"] == "small" and state["counts"] == {"completed": 6}
-    assert [c["id"] for c in state["cells"]] == [c.id for c in grid.cells]
-    assert all(c["status"] == "completed" and c["options"]["seed"] in (0, 1, 2) for c in state["cells"])
-
-    assert execute(grid, out, grid_args(path, "--workers", "2"), cell_fn=fake_cell) == 0
-    text = capsys.readouterr().out
-    assert "6 already finished, nothing to run" in text and "6 completed" in text
-    assert all(len(attempts(out / c.id)) == 1 for c in grid.cells)
-
-
-def test_a_failing_cell_is_retried_then_recorded_while_others_complete(tmp_path, capsys):
-    path = write_grid(tmp_path, SMALL + "[[include]]\nmin_lr_ratio = 0.123\nweight_decay = 0.0\n")
-    grid, out = load_grid(path), tmp_path / "out"
-    bad = next(c for c in grid.cells if c.options.get("min_lr_ratio") == 0.123)
-    assert execute(grid, out, grid_args(path, "--workers", "2", "--retries", "2", "--quiet"), cell_fn=fake_cell) == 1
-    text = capsys.readouterr().out
-    assert len(attempts(out / bad.id)) == 3  # 1 + 2 retries, inside run_cell
-    summary = json.loads((out / bad.id / "summary.json").read_text())
-    assert summary["status"] == "failed" and "injected failure" in summary["error"] and summary["attempts"] == 3
-    assert f"failed    {bad.id}  RuntimeError: injected failure (3 attempts)" in text
-    state = json.loads((out / "grid.json").read_text())
-    assert state["counts"] == {"completed": 6, "failed": 1}
-    # A rerun tries the failed cell again (1 + 1 retry), keeps every earlier record, and exits 1 again.
-    assert execute(grid, out, grid_args(path, "--workers", "1", "--quiet"), cell_fn=fake_cell) == 1
-    assert "1 failed before, tried again" in capsys.readouterr().out
-    assert len(attempts(out / bad.id)) == 5
-    assert sorted(p.name for p in (out / bad.id).glob("error-attempt*")) == [f"error-attempt{i}.txt" for i in range(5)]
-    assert json.loads((out / bad.id / "summary.failed-0.json").read_text())["attempts"] == 3
-    assert json.loads((out / bad.id / "summary.json").read_text())["attempts"] == 5
-    assert all(len(attempts(out / c.id)) == 1 for c in grid.cells if c is not bad)  # completed: never again
-
-
-def test_a_worker_that_dies_is_replaced_and_its_cell_retried_then_failed(tmp_path, capsys):
-    path = write_grid(tmp_path, SMALL + "[[include]]\nbeta1 = 0.123\n")
-    grid, out = load_grid(path), tmp_path / "out"
-    dying = next(c for c in grid.cells if c.options.get("beta1") == 0.123)
-    assert execute(grid, out, grid_args(path, "--workers", "2", "--retries", "1", "--quiet"), cell_fn=fake_cell) == 1
-    text = capsys.readouterr().out
-    assert "worker died (exit code 3)" in text
-    assert len(attempts(out / dying.id)) == 2
-    summary = json.loads((out / dying.id / "summary.json").read_text())
-    assert summary["status"] == "failed" and "worker process died" in summary["error"]
-    assert all(json.loads((out / c.id / "summary.json").read_text())["status"] == "completed"
-               for c in grid.cells if c is not dying)
-
-
-def test_each_worker_gets_its_own_gpu_or_shares_one_when_asked(tmp_path):
-    path = write_grid(tmp_path, "[base]\nweight_decay = 0.3\n[axes]\nseed = [0, 1, 2, 3]\n")
-    grid = load_grid(path)
-    for gpus, per_gpu in [(["0", "1"], 1), (["1", "0"], 2)]:
-        out = tmp_path / f"out{per_gpu}"
-        local.run_local(grid.cells, out, workers=2, gpus=gpus, cells_per_gpu=per_gpu, cell_fn=fake_cell)
-        gpu_of = {}
-        for cell in grid.cells:
-            run = attempts(out / cell.id)[0]
-            assert gpu_of.setdefault(run["pid"], run["gpu"]) == run["gpu"]  # a worker keeps its GPU
-        if per_gpu == 1:  # one worker per GPU
-            assert len(set(gpu_of.values())) == len(gpu_of) and set(gpu_of.values()) <= {"0", "1"}
-        else:  # two workers share the first GPU
-            assert set(gpu_of.values()) == {"1"}
-
-
-def test_busy_cells_are_skipped_and_reported(tmp_path, capsys):
-    path = write_grid(tmp_path, SMALL)
-    grid, out = load_grid(path), tmp_path / "out"
-    held = grid.cells[0]
-    lock = CellLock(out / held.id)
-    assert lock.acquire()  # another process is training this cell
-    try:
-        assert execute(grid, out, grid_args(path, "--workers", "0"), cell_fn=fake_cell) == 0
-        text = capsys.readouterr().out
-        assert f"busy      {held.id}  running in another process" in text
-        assert "1 running elsewhere" in text and "rerun later" in text
-        state = json.loads((out / "grid.json").read_text())
-        assert state["counts"] == {"completed": 5, "running": 1}
-        assert not attempts(out / held.id)
-    finally:
-        lock.release()
-    assert json.loads(json.dumps(grid_state.write_grid_json(out, grid.record())))["counts"]["pending"] == 1
+# --------------------------------------------------------------------------- grid.json, refusals, backend hints
 
 
 def test_grid_json_is_rederived_from_the_run_directories(tmp_path):
@@ -419,3 +323,108 @@ def test_missing_optional_backends_give_one_line_install_hints(monkeypatch):
         ray_backend.import_ray()
     with pytest.raises(ConfigError, match=r"pip install -e \.\[slurm\]"):
         slurm_backend.import_submitit()
+
+
+def run_cli(*args, cwd=None, env=None, timeout=60):
+    """`python -m ablate ...` in a child process (a hang is a failure, not a stuck suite)."""
+    return subprocess.run([sys.executable, "-m", "ablate", *map(str, args)], cwd=cwd, env=env, timeout=timeout,
+                          capture_output=True, text=True)
+
+
+def one_line(err: str) -> str:
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+PLUGIN = """
+import torch
+from ablate.variants import ACTIVATIONS
+
+@ACTIVATIONS.register("mish_r2")
+def mish(x):
+    return x * torch.tanh(torch.nn.functional.softplus(x))
+"""
+
+
+def sha256(path: Path) -> str:
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+MARKING_PLUGIN = PLUGIN + """
+from pathlib import Path
+Path(__file__).with_name("RAN").write_text("the plugin ran")
+"""
+
+
+def grid_with_import(tmp_path: Path) -> tuple[Path, Path]:
+    plugin = tmp_path / "x.py"
+    plugin.write_text(MARKING_PLUGIN)
+    grid = tmp_path / "g.toml"
+    grid.write_text('name = "imp"\nimports = ["x.py"]\n[base]\nlayers = 2\nsteps = 2\n[axes]\nact = ["mish_r2", "gelu"]\n')
+    return grid, plugin
+
+
+def test_a_cell_id_too_long_for_a_file_name_is_refused_at_dry_run(tmp_path, capsys):
+    path = tmp_path / "long.toml"
+    path.write_text(textwrap.dedent("""
+        [axes]
+        lr = [0.00123456, 0.00234567]
+        warmup = [11111111, 22222222]
+        min_lr_ratio = [0.111111, 0.222222]
+        weight_decay = [0.0111111, 0.0222222]
+        beta1 = [0.811111, 0.822222]
+        beta2 = [0.911111, 0.922222]
+        grad_clip = [1.11111, 2.22222]
+        diverge_factor = [3.11111, 4.22222]
+        eval_every = [1111111, 2222222]
+        batch_size = [11, 12]
+        steps = [1111111, 2222222]
+        z_loss = [0.0001111, 0.0002222]
+        log_every = [1111111, 2222222]
+    """))
+    out = tmp_path / "out"
+    assert main(["grid", str(path), "--dry-run", "--out", str(out)]) == 2
+    err = one_line(capsys.readouterr().err)
+    assert "longer than a file name may be (255)" in err and "fewer axes" in err and "weight_decay" in err
+    assert not out.exists()
+
+
+def test_empty_grid_files_are_refused_and_a_file_name_names_a_nameless_grid(tmp_path, capsys):
+    empty = tmp_path / "empty.toml"
+    empty.write_text("# nothing yet\n")
+    assert main(["grid", str(empty), "--dry-run", "--out", str(tmp_path / "o")]) == 2
+    assert "defines no cells" in one_line(capsys.readouterr().err)
+    spaced = tmp_path / "my grid.toml"
+    spaced.write_text("[axes]\nseed = [0, 1]\n")
+    assert load_grid(spaced).name == "my-grid"
+    odd = tmp_path / "%%%.toml"
+    odd.write_text("[axes]\nseed = [0, 1]\n")
+    assert main(["grid", str(odd), "--dry-run"]) == 2
+    assert "the file name '%%%.toml' gives no grid name" in one_line(capsys.readouterr().err)
+
+
+def test_a_grid_files_import_is_listed_with_its_hash_and_not_run_on_dry_run(tmp_path):
+    grid, plugin = grid_with_import(tmp_path)
+    dry = run_cli("grid", grid, "--dry-run", "--out", tmp_path / "out", cwd=tmp_path)
+    assert not (tmp_path / "RAN").exists()
+    assert f"imports {plugin} ({sha256(plugin)}; registers ACTIVATIONS 'mish_r2', not run)" in dry.stderr
+    assert dry.returncode == 2 and "--trust-imports" in dry.stderr.splitlines()[-1]
+    assert "Traceback" not in dry.stderr
+    trusted = run_cli("grid", grid, "--dry-run", "--trust-imports", "--out", tmp_path / "out", cwd=tmp_path)
+    assert trusted.returncode == 0, trusted.stderr
+    assert (tmp_path / "RAN").exists() and "pre.layernorm.mish_r2.dense.res" in trusted.stdout
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_grid_files_import_runs_only_with_consent(tmp_path):
+    grid, plugin = grid_with_import(tmp_path)
+    refused = run_cli("grid", grid, "--out", tmp_path / "out", "--set", "steps=1", cwd=tmp_path)
+    assert refused.returncode == 2 and not (tmp_path / "RAN").exists() and not (tmp_path / "out").exists()
+    assert sha256(plugin) in refused.stderr and "Traceback" not in refused.stderr
+    assert "--trust-imports" in refused.stderr.splitlines()[-1] and f"--import {plugin}" in refused.stderr
+    # The same file named on the command line is the user's consent.
+    named = run_cli("grid", grid, "--import", plugin, "--dry-run", "--out", tmp_path / "out", cwd=tmp_path)
+    assert named.returncode == 0, named.stderr
+    assert (tmp_path / "RAN").exists() and "pre.layernorm.mish_r2.dense.res" in named.stdout

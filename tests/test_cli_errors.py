@@ -1,0 +1,133 @@
+"""ablate.cli: environment errors, a SIGINT during start-up and Python warnings are one line each,
+with the exit status the CLI promises."""
+from __future__ import annotations
+
+import errno
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ablate.cli import main
+
+
+BASE = ["train", "--steps", "3", "--batch-size", "2", "--seq-len", "16", "--eval-batches", "1",
+        "--device", "cpu", "--threads", "1", "--quiet"]
+
+
+CELL = "pre.layernorm.gelu.dense.res__batch_size=2__seq_len=16__steps=3__seed=0"
+
+
+def one_line(err: str) -> str:
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def losses(run_dir: Path) -> list:
+    return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ABLATE_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text("the quick brown fox jumps over the lazy dog. " * 60)
+    return path
+
+
+def _wait_for_torch(proc) -> None:
+    """Until the process is importing torch: inside ablate's start-up, past the interpreter's."""
+    maps = Path(f"/proc/{proc.pid}/maps")
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            if "torch" in maps.read_text():
+                return
+        except OSError:
+            pass
+        time.sleep(0.005)
+
+
+def test_an_unusable_cache_or_out_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, text_file):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("keep")
+    for cache in (a_file, "/proc/ablate-cache"):
+        monkeypatch.setenv("ABLATE_CACHE", str(cache))
+        assert main([*BASE, "--data", str(text_file), "--out", str(tmp_path / "out")]) == 2
+        err = one_line(capsys.readouterr().err)
+        assert f"ABLATE_CACHE={cache}" in err and "valid: a folder you can write to" in err
+    assert a_file.read_text() == "keep" and not (tmp_path / "out").exists()
+    monkeypatch.setenv("ABLATE_CACHE", str(tmp_path / "cache"))
+    assert main([*BASE, "--data", str(text_file), "--out", "/proc/x"]) == 2
+    assert "/proc/x" in one_line(capsys.readouterr().err)
+
+
+def test_disk_full_is_one_line_and_the_rerun_resumes_cleanly(tmp_path, capsys, monkeypatch):
+    import torch
+
+    args = [*BASE, "--steps", "6", "--checkpoint-every", "2"]
+    assert main([*args, "--out", str(tmp_path / "ref")]) == 0
+    cell = CELL.replace("steps=3", "steps=6")
+    real_save = torch.save
+
+    def full_disk(obj, f, *a, **k):
+        (f.write if hasattr(f, "write") else open(f, "wb").write)(b"half a checkpoint")
+        raise OSError(errno.ENOSPC, "No space left on device", str(getattr(f, "name", f)))
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    capsys.readouterr()
+    assert main([*args, "--out", str(tmp_path / "cut")]) == 2
+    assert "No space left on device" in one_line(capsys.readouterr().err)
+    run_dir = tmp_path / "cut" / cell
+    assert not (run_dir / "summary.json").exists() and not (run_dir / "checkpoint.pt").exists()
+    monkeypatch.setattr(torch, "save", real_save)
+    assert main([*args, "--out", str(tmp_path / "cut")]) == 0
+    assert losses(run_dir) == losses(tmp_path / "ref" / cell)
+    assert not [p for p in run_dir.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_sigint_during_start_up_prints_no_traceback(tmp_path):
+    """SIGINT at three moments of start-up (the three processes start together, each with its
+    own run folder, and each gets its signal its own delay after it began importing torch)."""
+    delays = (0.0, 0.3, 0.8)
+    procs = [subprocess.Popen([sys.executable, "-m", "ablate", *BASE, "--out", str(tmp_path / str(i))],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(len(delays))]
+
+    def interrupt(proc, delay):
+        _wait_for_torch(proc)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+
+    threads = [threading.Thread(target=interrupt, args=pair) for pair in zip(procs, delays)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for proc, delay in zip(procs, delays):
+        _, err = proc.communicate(timeout=120)
+        assert "Traceback" not in err, (delay, err)
+        assert proc.returncode in (0, 130, -signal.SIGINT), (delay, proc.returncode, err)
+
+
+def test_a_commands_python_warnings_are_one_line_each_without_source(monkeypatch, capsys):
+    import warnings
+
+    import ablate.commands.variants as command
+
+    def warns(args):
+        warnings.warn("a library's warning\nover two lines", UserWarning)
+        return 0
+
+    monkeypatch.setattr(command, "run", warns)
+    assert main(["variants"]) == 0
+    assert capsys.readouterr().err == "ablate variants: warning: a library's warning\n"

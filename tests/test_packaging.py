@@ -1,0 +1,21 @@
+"""The install (pyproject.toml): nothing named variants or analysis lands in site-packages."""
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_a_normal_install_puts_nothing_named_variants_or_analysis_in_site_packages(tmp_path):
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(tmp_path), str(REPO)], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = tmp_path.glob("ablate-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names} == {"ablate", next(n.split("/")[0] for n in names if ".dist-info" in n)}
+    for folder, package in (("variants", "ablate/variants"), ("analysis", "ablate/analysis"), ("ablate", "ablate")):
+        for source in (REPO / folder).rglob("*.py"):
+            assert f"{package}/{source.relative_to(REPO / folder).as_posix()}" in names, source
+    assert "ablate/variants/grids/prenorm-wins.toml" in names
