@@ -192,12 +192,13 @@ def trend_and_sentence(rows: list[dict], null: float, sign: int, targets: dict, 
     holds = [x * sign > 0 for x in rel]
     word = scaling.trend_word(trend, sign)
     changes = scaling.sign_changes(sizes, rel)
+    against = f" (against the margin {abs(null):g})" if null else ""
     if all(holds):
-        text = f"holds at every size, {word}"
+        text = f"holds at every size{against}, {word}"
     elif changes:
         text = "changes sign between " + ", ".join(f"{_size(a)} and {_size(b)}" for a, b in changes)
     else:
-        text = f"goes the other way at every size, {word}"
+        text = f"goes the other way at every size{against}, {word}"
     return {"trend": {"intercept": trend.intercept, "slope": trend.slope, "low": lo, "high": hi, "df": trend.df, "birge": trend.birge,
                       "word": word}, "predictions": preds, "sentence": text}
 
@@ -236,7 +237,7 @@ def summarise(claim, out: Path) -> dict:
     for c in clauses:
         c["backtest"] = backtest_clause(c, claim.alpha)
     return {"claim": claim.name, "statement": claim.statement, "scale": ladder["scale"],
-            "seconds": ladder.get("seconds"), "rungs": [r["record"] for r in rungs],
+            "seconds": ladder.get("seconds"), "ref_width": ladder.get("ref_width"), "rungs": [r["record"] for r in rungs],
             "rung_verdicts": {r["record"]["name"]: r["verdict"].text() for r in rungs},
             "clauses": clauses, "sentences": [f"{c['label']}: {c['sentence']}" for c in clauses],
             "sentence_count": len(clauses), "targets": {k: v for k, v in targets.items() if not k.startswith("_")},
@@ -260,10 +261,14 @@ def write_ladder_report(claim, out: Path) -> dict:
 
 def ladder_markdown(summary: dict, plots: dict) -> str:
     lines = [f"# Ladder: {summary['claim']}", "", f"> {summary['statement']}", "",
-             "Rungs (width at the claim's depth; every rate x ref width / width, see ablate/ladder.py):", "",
-             "| rung | non-embedding params | lr factor | verdict |", "|---|---:|---:|---|"]
+             "Rungs: the width at the claim's depth; every learning rate x (the grid's width / the rung's), and "
+             "moved a step of the sweep where the rung below's best rate sat at an end of it (ablate/ladder.py):", "",
+             "| rung | non-embedding params | lr factor | sweep moved | verdict |", "|---|---:|---:|---|---|"]
+    ref = summary.get("ref_width")
     for r in summary["rungs"]:
-        lines.append(f"| {r['name']} | {r['size']:,} | {r['rate_factor']:.3g} | {summary['rung_verdicts'][r['name']]} |")
+        moved = _moved(r["rate_factor"] * r["width"] / ref) if ref else "-"
+        lines.append(f"| {r['name']} | {r['size']:,} | {r['rate_factor']:.3g} | {moved} | "
+                     f"{summary['rung_verdicts'][r['name']]} |")
     for c in summary["clauses"]:
         lines += ["", f"## {c['label']}: {c['sentence']}", "",
                   f"Effect: {c['measure']}, a - b (claimed {'above' if c['expected_sign'] > 0 else 'below'} "
@@ -293,6 +298,13 @@ def ladder_markdown(summary: dict, plots: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _moved(shift: float) -> str:
+    """The sweep's move against the plain 1/width transfer, in sweep steps' terms."""
+    if abs(math.log(shift)) < 1e-6:
+        return "-"
+    return f"x {shift:.3g} ({'up' if shift > 1 else 'down'})"
+
+
 def multiplier_text(m: dict | None) -> str:
     if not m:
         return "-"
@@ -301,9 +313,8 @@ def multiplier_text(m: dict | None) -> str:
     if m["factor"] is None:
         return f"not reached inside the run ({m['seeds']} seeds)"
     ci = f" [{m['low']:.2f}, {m['high']:.2f}]" if m["low"] is not None else ""
-    how = "baseline's curve" if m["how"] == ["baseline"] else (
-        "other arm's curve (the baseline did not reach it inside the run)" if m["how"] == ["other"] else
-        ", ".join(m["how"]))
+    how = {("baseline",): "baseline's curve", ("other",): "other arm's curve (the baseline did not reach it "
+           "inside the run)"}.get(tuple(m["how"]), "baseline's curve in some seeds, the other arm's in others")
     missing = f"; none in {m['seeds'] - m['measured']} seeds" if m["measured"] < m["seeds"] else ""
     return f"{m['factor']:.2f}x{ci} (on the {how}{missing})"
 

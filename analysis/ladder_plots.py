@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -45,6 +46,7 @@ def effects_figure(summary: dict):
                 ax.annotate(f"{name}\n(extrapolated)", (p["size"], p["effect"]), fontsize=7,
                             textcoords="offset points", xytext=(4, 4))
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # minor labels collide on a short span
         ax.set_xlabel("non-embedding parameters")
         ax.set_ylabel(f"{c['measure']}, a - b")
         ax.set_title("\n".join(_wrap(c["label"], 52)), fontsize=8)

@@ -213,7 +213,8 @@ def run_ladder(plan: LadderPlan, options, quiet: bool) -> tuple[int, dict]:
                        "rate_factor": rung.rate_factor, "rates": {f"{k:g}": v for k, v in rung.rates.items()},
                        "size": size, "folder": rung.name, "grid_file": str(plan.grid_file(rung).relative_to(plan.out))})
         shift *= shift_toward_edges(_best_picks(verdict, grid), plan.step)
-    ladder = {"claim": plan.claim.name, "source": str(plan.source), "scale": plan.scale, "rungs": record,
+    ladder = {"claim": plan.claim.name, "source": str(plan.source), "scale": plan.scale,
+              "ref_width": plan.ref_width, "rungs": record,
               "targets": plan.targets, "seconds": round(time.time() - t0, 1)}
     _write_text(plan.out / LADDER_JSON, json.dumps(ladder, indent=2) + "\n")
     summary = write_ladder_report(plan.claim, plan.out)
