@@ -288,7 +288,7 @@ def read_grid_file(path: Path, imports_policy: str = REFUSE_IMPORTS) -> dict[str
     _grid_imports(source, imports, Path(path).resolve().parent, imports_policy)
     if not set(data) - {"name", "description", "imports"}:  # an empty file would train one default cell
         raise _fail(source, "", "defines no cells (no [base], [axes] or [[include]]); valid: a grid file as in "
-                                "`ablate grid --help` or README.md, e.g. [axes] norm = [\"pre\", \"post\"]")
+                                "`ablate grid --help` or docs/grids.md, e.g. [axes] norm = [\"pre\", \"post\"]")
     if "name" in data:
         name = data["name"]
         if not isinstance(name, str) or not _NAME_RE.match(name):

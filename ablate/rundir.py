@@ -2,7 +2,7 @@
 "is this the same run?", and the small, crash-safe file operations that write it.
 
 Everything that reads or writes a run folder imports these facts from here, analysis too: this
-module is standard library only, so reading results never imports torch. runs/README.md
+module is standard library only, so reading results never imports torch. docs/run-directory.md
 describes the folder for people.
 
 Nothing here follows a symbolic link it is about to write through: temporaries are created

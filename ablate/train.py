@@ -1,4 +1,4 @@
-"""Train one cell into its run directory (see runs/README.md for the layout).
+"""Train one cell into its run directory (see docs/run-directory.md for the layout).
 
 The loop is a plain GPT training loop with the configured optimizer, schedule and init. What
 the harness adds: batches that depend only on (seed, step), per-layer probes with one host copy
@@ -448,7 +448,7 @@ class RunState:
     start: int = 0  # the first step this process trains
     first_loss: float | None = None  # the run's first loss: divergence is measured against it
     elapsed: float = 0.0  # training time before this process, for time_s
-    # The losses of the last FINAL_LOSS_WINDOW *logged* steps (runs/README.md: final_loss), the
+    # The losses of the last FINAL_LOSS_WINDOW *logged* steps (docs/run-directory.md: final_loss), the
     # same rows `ablate report` reads, so a resume carries over the ones logged before it.
     recent: list[float] = field(default_factory=list)
     missing: list[int] = field(default_factory=list)  # logged steps whose rows a resume lost

@@ -1,7 +1,7 @@
 """Run directories -> tidy pandas frames.
 
 Reads only the files the training engine writes (config.json, metrics.jsonl, summary.json,
-grid.json; see runs/README.md), by the names, status words and identity keys ablate/rundir.py
+grid.json; see docs/run-directory.md), by the names, status words and identity keys ablate/rundir.py
 declares (standard library only: analysis imports nothing else of the engine). It tolerates what a live, crashed or damaged grid leaves
 behind: a cell without summary.json is reported as `running`, an unreadable metrics line is
 skipped with a warning (the rows after it are kept), a cell whose config.json or summary.json

@@ -1,4 +1,4 @@
-"""Synthetic run directories with known values, in the exact format of runs/README.md.
+"""Synthetic run directories with known values, in the exact format of docs/run-directory.md.
 
 For tests of anything that reads runs (analysis, reports, resuming): no training, no torch.
 

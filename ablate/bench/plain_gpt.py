@@ -5,7 +5,7 @@ Written for this benchmark after the structure of nanoGPT's model.py and train.p
 LayerNorm with biases, a 4x MLP, learned positions, tied embeddings, attention through
 F.scaled_dot_product_attention, GPT-2 init. The GELU is nanoGPT's, nn.GELU()'s exact erf
 form, by default; `gelu="tanh"` gives the harness's default block (GPT-2's tanh
-approximation), which on the CPU costs about twice as much (see the README's `ablate bench`
+approximation), which on the CPU costs about twice as much (see docs/performance.md's `ablate bench`
 section). nanoGPT's dropout layers are left out
 (dropout is 0 here, and a no-op module only slows the baseline down, which would flatter
 the harness). The optimizer is AdamW with fused=True, as the harness uses it on every
