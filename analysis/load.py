@@ -25,7 +25,7 @@ from ablate.rundir import (CONFIG, DONE, FINISHED, GRID_JSON, METRICS, RUNNING, 
                            identity_keys, summary_status)
 from ablate.variant_axes import AXES, VALUE_BEFORE_IT_EXISTED
 
-# The axes of a block variant (design.md); config.json's `variant` holds one value for each.
+# The axes of a block variant (ablate/variant_axes.py; docs/variants.md); config.json's `variant` holds one value for each.
 VARIANT_AXES = AXES  # declared once, in ablate/variant_axes.py (standard library only)
 # Run directories written before an axis existed trained with what is now its default.
 AXIS_VALUE_BEFORE_IT_EXISTED = VALUE_BEFORE_IT_EXISTED
