@@ -38,6 +38,7 @@ import pandas as pd
 from ablate.analysis.load import DONE
 from ablate.analysis.stats import (BATCH_KEYS, DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED, VERDICT_VALUE,
                                    Comparison, Interval, bootstrap_ci, paired_comparison)
+from ablate.rundir import COMPLETED, DIVERGED
 
 MIN_LRS = 3
 DEFAULT_TOLERANCE = 0.1  # nats above the best loss that still count as inside the basin
@@ -108,13 +109,13 @@ def lr_curve(cells: pd.DataFrame, value: str = VERDICT_VALUE) -> pd.DataFrame:
     init_loss (the seed's loss at initialisation), clipped (min(scored loss, init_loss)),
     plateau."""
     trained = cells[cells["status"].isin(DONE)]  # the statuses that are a result at an lr
-    loss = pd.to_numeric(trained[value], errors="coerce").where(trained["status"] == "completed")
+    loss = pd.to_numeric(trained[value], errors="coerce").where(trained["status"] == COMPLETED)
     init = pd.to_numeric(trained.get("init_loss", pd.Series(np.nan, index=trained.index)), errors="coerce")
     # Every lr of a seed starts from the same weights and first batch: one init loss per seed.
     per_seed_init = init.groupby(trained["seed"]).transform(lambda x: x.dropna().iloc[0] if x.notna().any() else np.nan)
     # A failed training run (plateaued or diverged) scores one way, analysis/outcomes.py's rule.
     scored = (pd.to_numeric(trained["scored_loss"], errors="coerce") if "scored_loss" in trained else
-              pd.Series(np.where(trained["status"] == "diverged", per_seed_init, loss), index=trained.index))
+              pd.Series(np.where(trained["status"] == DIVERGED, per_seed_init, loss), index=trained.index))
     clipped = np.fmin(scored, per_seed_init)
     curve = pd.DataFrame({
         "seed": trained["seed"].to_numpy(), "lr": trained["lr"].astype(float).to_numpy(),
@@ -124,7 +125,7 @@ def lr_curve(cells: pd.DataFrame, value: str = VERDICT_VALUE) -> pd.DataFrame:
         else np.zeros(len(trained), dtype=bool),
     })
     # A completed cell without the value (no validation loss) is no result at that lr.
-    curve = curve[~((curve["status"] == "completed") & curve["loss"].isna())]
+    curve = curve[~((curve["status"] == COMPLETED) & curve["loss"].isna())]
     return curve.sort_values(["seed", "lr"], kind="stable").reset_index(drop=True)
 
 
@@ -148,9 +149,9 @@ def lr_table(curve: pd.DataFrame) -> pd.DataFrame:
     seeds), mean_clipped (every trained seed, diverged ones at their init loss)."""
     rows = []
     for lr, at in curve.groupby("lr", sort=True):
-        done = at[at["status"] == "completed"]
+        done = at[at["status"] == COMPLETED]
         rows.append({"lr": float(lr), "n_trained": len(at), "n_completed": len(done),
-                     "n_diverged": int((at["status"] == "diverged").sum()), "n_plateau": int(done["plateau"].sum()),
+                     "n_diverged": int((at["status"] == DIVERGED).sum()), "n_plateau": int(done["plateau"].sum()),
                      "mean_loss": float(done["loss"].mean()) if len(done) else float("nan"),
                      "mean_clipped": float(at["clipped"].mean()) if at["clipped"].notna().any() else float("nan")})
     return pd.DataFrame(rows, columns=["lr", "n_trained", "n_completed", "n_diverged", "n_plateau", "mean_loss",
@@ -249,7 +250,7 @@ def sensitivity_frame(sweeps: list[Sweep], metrics: pd.DataFrame | None = None) 
             first = metrics[metrics["group"] == next(iter(sweep.groups.values()))].iloc[0]
             extra = {k: first[k] for k in BATCH_KEYS if k in metrics}
         for r in sweep.per_seed.itertuples(index=False):
-            rows.append({"group": sweep.name, "variant_id": sweep.variant_id, "seed": r.seed, "status": "completed",
+            rows.append({"group": sweep.name, "variant_id": sweep.variant_id, "seed": r.seed, "status": COMPLETED,
                          SENSITIVITY: getattr(r, SENSITIVITY), **extra})
     return pd.DataFrame(rows, columns=["group", "variant_id", "seed", "status", SENSITIVITY,
                                        *([k for k in BATCH_KEYS if metrics is not None and k in metrics])])

@@ -27,6 +27,8 @@ import pandas as pd
 
 from ablate.analysis.load import Runs, layer_columns
 from ablate.analysis.outcomes import FAILED, PLATEAU_MARGIN, outcome_of, plateaued, scored_loss  # noqa: F401
+from ablate.rundir import COMPLETED, DIVERGED
+from ablate.rundir import FAILED as STATUS_FAILED
 
 PHASES = ("init", "mid", "end")
 DEFAULT_LAST_K = 10
@@ -138,7 +140,7 @@ def cell_metrics(runs: Runs, last_k: int = DEFAULT_LAST_K, spike_z: float = DEFA
     for cell in runs.cells.itertuples(index=False):
         steps = by_cell.get(cell.cell_id)
         row: dict[str, float] = {"cell_id": cell.cell_id}
-        healthy = cell.status not in ("diverged", "failed")
+        healthy = cell.status not in (DIVERGED, STATUS_FAILED)
         if steps is None or steps.empty:
             rows.append({**row, "outcome": FAILED})
             continue
@@ -148,7 +150,7 @@ def cell_metrics(runs: Runs, last_k: int = DEFAULT_LAST_K, spike_z: float = DEFA
         row["final_val_loss"] = _final_val_loss(steps, from_summary) if healthy else float("nan")
         row["init_loss"] = _init_loss(steps)
         entropy = getattr(cell, "unigram_entropy", None)
-        row["plateau"] = cell.status == "completed" and plateaued(row["final_val_loss"], entropy)
+        row["plateau"] = cell.status == COMPLETED and plateaued(row["final_val_loss"], entropy)
         row["outcome"] = outcome_of(cell.status, row["final_val_loss"], entropy)
         row["scored_loss"] = scored_loss(row["outcome"], row["final_val_loss"], entropy, row["init_loss"])
         row["spikes"] = int(spike_mask(losses, spike_z, spike_window).sum())

@@ -21,6 +21,8 @@ import math
 
 import numpy as np
 
+from ablate.rundir import COMPLETED as STATUS_COMPLETED, DIVERGED as STATUS_DIVERGED
+
 PLATEAU_MARGIN = 0.2  # nats above (unigram entropy - this) = stuck on the unigram plateau
 TRAINED, PLATEAUED, DIVERGED, FAILED = "trained", "plateaued", "diverged", "failed"
 OUTCOMES = (TRAINED, PLATEAUED, DIVERGED)  # the training outcomes, in the order reports list them
@@ -40,9 +42,9 @@ def plateaued(loss, unigram_entropy, margin: float = PLATEAU_MARGIN) -> bool:
 
 def outcome_of(status, final_val_loss, unigram_entropy) -> str:
     """The training outcome of a cell from its summary status and final validation loss."""
-    if status == "diverged":
+    if status == STATUS_DIVERGED:
         return DIVERGED
-    if status != "completed":
+    if status != STATUS_COMPLETED:
         return FAILED
     return PLATEAUED if plateaued(final_val_loss, unigram_entropy) else TRAINED
 

@@ -35,6 +35,7 @@ from ablate.analysis.labels import label_of, short_labels  # noqa: E402
 from ablate.analysis.load import SETTING_KEYS, VARIANT_AXES, layer_columns  # noqa: E402
 from ablate.analysis.metrics import PHASES  # noqa: E402
 from ablate.analysis.safe_files import replace_atomic  # noqa: E402
+from ablate.rundir import COMPLETED, DIVERGED, RUNNING
 
 PANEL_SIZE = (4.6, 3.2)  # inches per facet panel
 DIVERGED_COLOUR = "#d62728"
@@ -136,10 +137,10 @@ def _curve_cells(members: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
     """The cells a group's averaged curve is drawn from: those that did not diverge or fail
     (a diverged run's blow-up would swamp the mean); if every one diverged, those instead,
     flagged so the line is drawn dashed."""
-    healthy = members[members["status"].isin(["completed", "running"])]
+    healthy = members[members["status"].isin([COMPLETED, RUNNING])]
     if not healthy.empty:
         return healthy, False
-    return members[members["status"] == "diverged"], True
+    return members[members["status"] == DIVERGED], True
 
 
 MAX_PANELS_PER_ROW = 3  # 3 panels of PANEL_SIZE: about 14 inches, readable scaled to 1,600 px
@@ -382,7 +383,7 @@ def plot_loss_curves(steps: pd.DataFrame, cells: pd.DataFrame, out_dir: Path, st
                 ax.plot(wide.columns, mean, color=colour, lw=1.4, label=_label(group_cells, style))
                 ax.fill_between(wide.columns, low, high, color=colour, alpha=0.2, lw=0)
                 top = max(top, np.nanmax(mean))
-            for cell in group_cells[group_cells["status"] == "diverged"].itertuples():
+            for cell in group_cells[group_cells["status"] == DIVERGED].itertuples():
                 series = steps[steps["cell_id"] == cell.cell_id]
                 ax.plot(series["step"], series[metric], color=colour, lw=0.9, ls="--",
                         label=f"{_label(group_cells, style)} (diverged)")
@@ -550,7 +551,7 @@ def plot_final_loss(metrics: pd.DataFrame, group_table: pd.DataFrame, out_dir: P
     # The y tick labels (a group's short label each) get the room the longest one needs.
     fig, (ax,), spec = panel_figure(1, panel=(6.5, 0.3 + 0.42 * len(groups)),
                                     left=0.55 + max(text_inches(n, 8) for n in names))
-    completed = metrics[(metrics["status"] == "completed") & np.isfinite(metrics[value].astype(float))]
+    completed = metrics[(metrics["status"] == COMPLETED) & np.isfinite(metrics[value].astype(float))]
     finite = completed[value].astype(float)
     right = max([finite.max() if not finite.empty else 1.0, *unigram_entropies(metrics)])
     span = (right - finite.min()) if len(finite) > 1 else 0.1
@@ -607,7 +608,7 @@ def plot_lr_sensitivity(sweeps, metrics: pd.DataFrame, out_dir: Path, style: Sty
         for sweep in mine:
             cells = metrics[metrics["group"].isin(list(sweep.groups.values()))]
             colour = style.colour(cells[style.hue].iloc[0]) if not cells.empty and style.hue in cells else None
-            done = sweep.curve[sweep.curve["status"] == "completed"]
+            done = sweep.curve[sweep.curve["status"] == COMPLETED]
             wide = done.pivot_table(index="seed", columns="lr", values="loss").reindex(columns=sweep.lrs)
             mean, low, high = t_band(wide.to_numpy(dtype=float))
             # One variant: its sweeps differ in the settings that the panel titles name already.
@@ -618,7 +619,7 @@ def plot_lr_sensitivity(sweeps, metrics: pd.DataFrame, out_dir: Path, style: Sty
             if sweep.best_lr is not None:
                 ax.scatter([sweep.best_lr], [sweep.best_loss], marker="*", s=90, color=colour, zorder=4,
                            edgecolors="black", linewidths=0.5, label="best lr")
-            diverged = sweep.curve[sweep.curve["status"] == "diverged"].groupby("lr").size()
+            diverged = sweep.curve[sweep.curve["status"] == DIVERGED].groupby("lr").size()
             for lr, n in diverged.items():  # at the top of the panel: they have no final loss
                 ax.scatter([lr], [0.97], marker="x", s=45, color=DIVERGED_COLOUR, zorder=4, clip_on=False,
                            transform=ax.get_xaxis_transform(), label="diverged (no final loss)")

@@ -26,6 +26,7 @@ from ablate.analysis.metrics import MAD_TO_STD
 from ablate.analysis.outcomes import PLATEAU_MARGIN, SCORING_RULE
 from ablate.analysis.stats import CONTROLS, CORRECTION_SHORT, CORRECTIONS, divergence_sentence, format_p
 from ablate.analysis.safe_files import replace_atomic
+from ablate.rundir import COMPLETED, DIVERGED, FAILED, RUNNING
 
 REPORT, SUMMARY_CSV, CELLS_CSV, PLOTS_DIR = "report.md", "summary.csv", "cells.csv", "plots"
 LR_CSV = "lr_sensitivity.csv"  # written when the runs sweep lr over enough values
@@ -357,15 +358,15 @@ def _cells(analysis: Analysis) -> str:
     rows = []
     for c in cells.itertuples(index=False):
         progress = f"{c.logged_steps}/{fmt(c.planned_steps, 0)}"
-        if c.status == "diverged":
+        if c.status == DIVERGED:
             note = f"diverged at step {fmt(c.diverged_at_step, 0)}"
-        elif c.status == "failed":
+        elif c.status == FAILED:
             note = f"failed: {c.error}"
-        elif c.status == "running":
+        elif c.status == RUNNING:
             note = "running (no summary.json yet)"
         else:
             note = ""
-        if c.status == "completed" and _true(getattr(c, "plateau", False)):
+        if c.status == COMPLETED and _true(getattr(c, "plateau", False)):
             note = "plateau: final val loss near the unigram entropy"
         missing = getattr(c, "missing_steps", None)
         if isinstance(missing, list) and missing:

@@ -27,6 +27,7 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 from ablate.analysis.load import DONE, FINISHED, RUNNING
+from ablate.rundir import COMPLETED, DIVERGED
 
 DEFAULT_CONFIDENCE = 0.95
 DEFAULT_RESAMPLES = 9999
@@ -289,7 +290,7 @@ VALUE_NAMES = {"final_val_loss": "final validation loss", "lr_sensitivity": "LR 
 
 def finished_values(cells: pd.DataFrame, value: str = VERDICT_VALUE) -> pd.DataFrame:
     """Completed cells with a finite `value`: the ones statistics are computed on."""
-    ok = (cells["status"] == "completed") & np.isfinite(pd.to_numeric(cells[value], errors="coerce"))
+    ok = (cells["status"] == COMPLETED) & np.isfinite(pd.to_numeric(cells[value], errors="coerce"))
     return cells[ok]
 
 
@@ -318,7 +319,7 @@ def group_stats(cells: pd.DataFrame, value: str = VERDICT_VALUE, confidence: flo
             f"{value}_ci_low": interval.low if interval else float("nan"),
             f"{value}_ci_high": interval.high if interval else float("nan"),
             "interval": interval_note(values.size, confidence),
-            "divergence_rate": counts["diverged"] / trained if trained else float("nan"),
+            "divergence_rate": counts[DIVERGED] / trained if trained else float("nan"),
             "divergence": f"{counts['diverged']}/{trained}",
         }
         settled = members[members["status"].isin(DONE)]

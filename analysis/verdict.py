@@ -22,6 +22,7 @@ from ablate.analysis.metrics import cell_metrics
 from ablate.analysis.outcomes import OUTCOMES
 from ablate.analysis.selection import COLUMN_OF, SelectionError, select
 from ablate.analysis.stats import adjust_p_values
+from ablate.rundir import DIVERGED
 
 AGREES, DISAGREES, CANNOT_TELL = "agrees", "does not agree", "cannot tell"
 CORRECTION = "holm"  # across clauses: a family of separately reported results
@@ -198,7 +199,7 @@ def _nonfinite_note(ctx: Context, m: Measure, sides: dict) -> str:
 
     parts = []
     for side, cells in sides.items():
-        steps = [s for s in (first_nonfinite_step(ctx, cid) for cid in cells.loc[cells["status"] == "diverged",
+        steps = [s for s in (first_nonfinite_step(ctx, cid) for cid in cells.loc[cells["status"] == DIVERGED,
                                                                                   "cell_id"]) if s is not None]
         if steps:
             parts.append(f"{side}: first non-finite value at step {int(np.median(steps))} (median; "
