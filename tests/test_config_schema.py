@@ -10,7 +10,7 @@ from ablate.errors import ConfigError
 
 # A value other than the default for every experiment option, valid with the others at default.
 OTHER = {"variant": "post-ln", "norm": "post", "norm_type": "rmsnorm", "act": "relu", "mlp": "swiglu",
-         "residual": False, "qk_norm": "layernorm", "model": "small", "layers": 3, "mlp_ratio": 2.0,
+         "residual": False, "qk_norm": "layernorm", "model": "small", "layers": 3, "width": 32, "mlp_ratio": 2.0,
          "init": "xavier", "optimizer": "adam", "lr": 2e-3, "weight_decay": 0.0, "beta1": 0.8, "beta2": 0.9,
          "grad_clip": 1.0, "z_loss": 1e-4, "steps": 3, "warmup": 1, "schedule": "constant", "min_lr_ratio": 0.5,
          "seed": 1, "batch_size": 4, "seq_len": 32, "dtype": "bfloat16", "diverge_factor": 3.0,

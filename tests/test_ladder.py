@@ -189,19 +189,19 @@ def test_a_three_rung_ladder_survives_kill_9_and_reports_every_clause(tmp_path):
     assert proc.poll() is None, proc.communicate()[0]
     os.killpg(proc.pid, signal.SIGKILL)  # the ladder and its worker, mid-way through the second rung
     proc.wait()
-    first = {p.name: p.stat().st_mtime_ns for p in (out / "mini" / "w16").glob("*/summary.json")}
+    first = {p.parent.name: p.stat().st_mtime_ns for p in (out / "mini" / "w16").glob("*/summary.json")}
     assert len(first) == 8 and not (out / "mini" / L.REPORT_MD).exists()
 
     rerun = _ladder(path, out)
     text = rerun.communicate(timeout=900)[0]
     assert rerun.returncode == 0, text
-    assert first == {p.name: p.stat().st_mtime_ns for p in (out / "mini" / "w16").glob("*/summary.json")}
+    assert first == {p.parent.name: p.stat().st_mtime_ns for p in (out / "mini" / "w16").glob("*/summary.json")}
     for rung in ("w16", "w32", "w48"):
         assert len(list((out / "mini" / rung).glob("*/summary.json"))) == 8
     result = json.loads((out / "mini" / L.RESULT_JSON).read_text())
     assert [r["name"] for r in result["rungs"]] == ["w16", "w32", "w48"]
     clause = result["clauses"][0]
-    assert len(clause["rows"]) == 3 and all(r["n"] == 2 for r in clause["rows"])
+    assert len(clause["rows"]) == 3 and all(r["n"] == 4 for r in clause["rows"])  # 2 seeds x 2 rates, paired
     assert clause["trend"] is not None and "andrea-120m" in clause["predictions"]
     assert "mini" in text and "act gelu below relu" in text
     assert (out / "mini" / "plots" / "ladder_effects.png").stat().st_size > 1000
