@@ -27,11 +27,15 @@ import numpy as np
 from scipy import stats
 
 from ablate.analysis import scaling
-from ablate.analysis.claim_report import _write
+from ablate.analysis.safe_files import replace_atomic
 from ablate.analysis.verdict import AGREES, CANNOT_TELL, DISAGREES, evaluate
 
 LADDER_JSON, RESULT_JSON, REPORT_MD = "ladder.json", "ladder_result.json", "ladder.md"
 LOSS_MEASURES = ("final_val_loss",)
+
+
+def _write(path: Path, text: str) -> None:
+    replace_atomic(path, lambda f: f.write(text.encode()), fsync=False)
 
 
 def _g(x, digits: int = 3) -> str:

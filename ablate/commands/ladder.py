@@ -66,8 +66,9 @@ class LadderPlan:
         self.step = sweep_step(sorted(own.axes.get("lr", [])))
         self.rungs = [with_rates(r, self.lrs) for r in rungs_for(widths, self.ref_width, full, None)]
         self.grids = [self.load(r) for r in self.rungs]  # every rung refused now, not half-way
+        loaded: dict = {}  # rungs of one size family share their data: read it once
         for rung, grid in zip(self.rungs, self.grids):
-            check_data_feeds(rung, _base_config(grid))
+            check_data_feeds(rung, _base_config(grid), loaded)
         self.sizes = [nonembedding_params(_base_config(g)) for g in self.grids]
         self.targets = _targets(ref, self.rungs[-1].width, self.sizes[-1])
 
@@ -104,12 +105,15 @@ def _base_config(grid):
     return grid.configs.setting(grid.cells[0].id)
 
 
-def check_data_feeds(rung, cfg) -> None:
+def check_data_feeds(rung, cfg, loaded: dict) -> None:
     """Refuse a rung whose model the data cannot feed: a split shorter than one context window,
-    or token ids beyond the model's vocabulary."""
+    or token ids beyond the model's vocabulary. `loaded`: data already read, by its key."""
     from ablate.data import load_data
 
-    data = load_data(cfg.data, cfg.size.tokenizer, cfg.size.vocab_size)
+    key = (cfg.data, cfg.size.tokenizer, cfg.size.vocab_size)
+    if key not in loaded:
+        loaded[key] = load_data(*key)
+    data = loaded[key]
     for split, arrays in (("train", data.train), ("val", data.val)):
         if max((a.size for a in arrays), default=0) <= cfg.context:
             raise ConfigError(f"rung {rung.name} ({cfg.model}, context {cfg.context}): the data's {split} split "
