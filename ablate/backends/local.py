@@ -325,28 +325,26 @@ class WorkerPool:
             else:
                 self.read_last_words(sentinels[obj])
 
+    def drain(self, slot: int) -> bool:
+        """Handle everything a worker sent; False when its pipe closed (it died)."""
+        conn = self.slots[slot].conn
+        try:
+            while conn.poll():
+                self.handle(slot, conn.recv())
+        except (EOFError, OSError):
+            return False
+        return True
+
     def read(self, slot: int) -> None:
         """Handle what a worker sent; its pipe closed means it died."""
-        s = self.slots[slot]
-        if s.dead:
-            return
-        try:
-            while s.conn.poll():
-                self.handle(slot, s.conn.recv())
-        except (EOFError, OSError):
+        if not self.slots[slot].dead and not self.drain(slot):
             self.reap(slot)
 
     def read_last_words(self, slot: int) -> None:
         """A worker's process ended: handle what it sent before dying, then reap it."""
-        s = self.slots[slot]
-        if s.dead:
-            return
-        try:
-            while s.conn.poll():
-                self.handle(slot, s.conn.recv())
-        except (EOFError, OSError):
-            pass
-        self.reap(slot)
+        if not self.slots[slot].dead:
+            self.drain(slot)
+            self.reap(slot)
 
     def handle(self, slot: int, msg: tuple) -> None:
         s, r = self.slots[slot], self.runner
