@@ -14,18 +14,9 @@ from pathlib import Path
 import pytest
 
 from ablate.cli import main
+from cli_lines import BASE, CELL, one_line
 
 
-BASE = ["train", "--steps", "3", "--batch-size", "2", "--seq-len", "16", "--eval-batches", "1",
-        "--device", "cpu", "--threads", "1", "--quiet"]
-
-
-CELL = "pre.layernorm.gelu.dense.res__batch_size=2__seq_len=16__steps=3__seed=0"
-
-
-def one_line(err: str) -> str:
-    assert err.count("\n") == 1 and "Traceback" not in err, err
-    return err
 
 
 def losses(run_dir: Path) -> list:
