@@ -20,3 +20,18 @@ def reference_speed(monkeypatch):
     import ablate.speed
 
     monkeypatch.setattr(ablate.speed, "machine_speed", lambda threads=1, quiet=False: ablate.speed.reference(threads))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A token cache of the test's own, so no test reads or fills the user's."""
+    monkeypatch.setenv("ABLATE_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    """A small text corpus, long enough for a tiny model's context windows."""
+    path = tmp_path / "corpus.txt"
+    path.write_text("the quick brown fox jumps over the lazy dog. " * 60)
+    return path

@@ -11,29 +11,12 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 from ablate.cli import main
 from cli_lines import BASE, CELL, one_line
 
 
-
-
 def losses(run_dir: Path) -> list:
     return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("ABLATE_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
-@pytest.fixture
-def text_file(tmp_path):
-    path = tmp_path / "corpus.txt"
-    path.write_text("the quick brown fox jumps over the lazy dog. " * 60)
-    return path
 
 
 def _wait_for_torch(proc) -> None:

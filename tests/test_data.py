@@ -5,20 +5,6 @@ import json
 import os
 
 import numpy as np
-import pytest
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("ABLATE_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
-@pytest.fixture
-def text_file(tmp_path):
-    path = tmp_path / "corpus.txt"
-    path.write_text("the quick brown fox jumps over the lazy dog. " * 60)
-    return path
 
 
 def test_a_tampered_token_cache_is_detected_and_rebuilt(cache, text_file):

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from planted_links import plant_links, victims_untouched
 from synthetic_runs import write_grid, write_run
 
 from ablate.analysis.export import ExportError, export_tensorboard, export_wandb
@@ -330,19 +331,6 @@ def files_under(root: Path) -> set[Path]:
     return {p for p in root.rglob("*")}
 
 
-def plant_links(victim_dir: Path, paths: list[Path]) -> dict[Path, Path]:
-    """A link at each output path, to a victim file of its own; returns link -> victim."""
-    links = {}
-    for i, path in enumerate(paths):
-        victim = victim_dir / f"victim-{i}"
-        victim.write_text("keep me\n")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.unlink(missing_ok=True)
-        path.symlink_to(victim)
-        links[path] = victim
-    return links
-
-
 def clean_env(tmp_path: Path) -> dict:
     """HOME and TMPDIR in an empty folder of the test's, and no W&B settings from outside."""
     home = tmp_path / "home"
@@ -373,7 +361,7 @@ def test_export_temporaries_planted_as_links_leave_their_targets_untouched(tmp_p
     run_dir = out / run.group / "seed=0"
     links = plant_links(victims, [run_dir / f".part-{i:06d}.tmp" for i in range(2)] + [out / ".part-000000.tmp"])
     assert main(["export", str(runs), "--to", "tensorboard", "--out", str(out)]) == 0
-    assert all(v.read_text() == "keep me\n" for v in links.values())
+    assert victims_untouched(links)
     assert list(run_dir.glob("events.out.tfevents.*"))
 
 
