@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib
+import itertools
 import json
 import math
 import os
@@ -34,9 +35,10 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from ablate.analysis.load import VARIANT_AXES, RunFiles, read_run_files, scan_runs, setting_keys
+from ablate.analysis.metrics_index import MetricsIndex
 from ablate.analysis.safe_files import create_temporary, replace_atomic
 from ablate.rundir import COMPLETED, METRICS, RESULT_KEYS, SUMMARY
 
@@ -69,35 +71,21 @@ def _require(target: str, module: str):
                           f"valid: pip install -e '.[{target}]'") from None
 
 
-def read_cells(root: str | Path, out: Path) -> tuple[Iterator[RunFiles], list[str]]:
-    """Every readable run directory under `root`, read one at a time as the caller goes (a big
-    grid's metrics need not fit in memory at once), and the list of what was skipped, which
-    fills as they are read. Refuses an `out` inside a run directory before anything is read."""
+def read_cells(root: str | Path, out: Path) -> tuple[Iterator[tuple[RunFiles, MetricsIndex]], list[str]]:
+    """Every readable run directory under `root` as (its config and summary, an index of its
+    metrics: analysis/metrics_index.py), read one at a time as the caller goes, so neither a
+    big grid nor a big run has to fit in memory; and the list of what was skipped, which fills
+    as they are read. Refuses an `out` inside a run directory before anything is read. The
+    caller closes each index."""
     scan = scan_runs(root)
     resolved = out.resolve()
     for cell_dir in scan.cell_dirs:
         if resolved == cell_dir.resolve() or cell_dir.resolve() in resolved.parents:
             raise ExportError(f"--out {out} is inside the run directory {cell_dir}; valid: a folder outside "
                               "every run directory (nothing is ever written into one)")
-    cells = (_steps_in_range(files, scan.skipped) for d in scan.cell_dirs
-             if (files := read_run_files(d, scan.skipped)) is not None)
+    cells = ((files, MetricsIndex.open(d / METRICS, files.cell_id, scan.skipped)) for d in scan.cell_dirs
+             if (files := read_run_files(d, scan.skipped, rows=False)) is not None)
     return cells, scan.skipped
-
-
-# Both dashboards store a step as a signed 64-bit integer.
-STEP_RANGE = range(-(2**63), 2**63)
-
-
-def _steps_in_range(files: RunFiles, skipped: list[str]) -> RunFiles:
-    """Leave out (with a warning naming it) a row whose step no dashboard can hold."""
-    bad = [row["step"] for row in files.rows if row["step"] not in STEP_RANGE]
-    if bad:
-        files.rows = [row for row in files.rows if row["step"] in STEP_RANGE]
-        message = (f"{files.cell_id}: skipped {len(bad)} row(s) of {METRICS} whose step ({bad[0]}) is outside "
-                   "a 64-bit integer")
-        warnings.warn(message, stacklevel=2)
-        skipped.append(message)
-    return files
 
 
 def path_component(text: str) -> str:
@@ -117,13 +105,6 @@ def inside(out: Path, name: str) -> Path:
     if out.resolve() not in path.resolve().parents:
         raise ExportError(f"run name {name!r} would be written outside --out {out}")
     return path
-
-
-def new_rows(files: RunFiles, after_step: int) -> list[dict[str, Any]]:
-    """Rows with a step above `after_step`, one per step (the later line of a repeated step:
-    the one a resumed run continued from), in step order."""
-    by_step = {row["step"]: row for row in files.rows if row["step"] > after_step}
-    return [by_step[s] for s in sorted(by_step)]
 
 
 def scalars(row: dict[str, Any]) -> dict[str, float]:
@@ -219,43 +200,42 @@ def export_tensorboard(root: str | Path, out: str | Path) -> Exported:
         return event_pb2.Event(wall_time=wall_time, summary=summary)
 
     all_hparams, families = {}, set()
-    for files in cells:
-        name = run_name(files)
-        all_hparams[name] = values = hparams(files)
-        families |= layer_families(files.rows)
-        run_dir = inside(out, name)
-        state = TensorBoardRun.read(run_dir)
-        # Steps are placed in time from when the run began (config.json is written first).
-        began = (files.path / "config.json").stat().st_mtime
-        events, tokens = [], []
-        if not state.started:
-            events.append(event_pb2.Event(wall_time=began, summary=hp.hparams_pb(values, trial_id=files.group,
-                                                                                start_time_secs=began)))
-            tokens.append("start")
-        rows = new_rows(files, state.last_step)
-        for row in rows:
-            wall = began + float(row.get("time_s") or 0.0)
-            events.append(scalar_event(row["step"], wall, scalars(row)))
-        if rows:
-            tokens.append(f"steps-{rows[0]['step']}-{rows[-1]['step']}")
-        if files.summary is not None and _digest(files.summary) != state.end:
-            last = max((r["step"] for r in files.rows), default=0)
-            ended = (files.path / SUMMARY).stat().st_mtime
-            events.append(scalar_event(last, ended, summary_scalars(files.summary)))
-            events.append(session_end(files.status, ended))
-            tokens.append(f"end-{_digest(files.summary)}")
-        if not events:
-            result.unchanged.append(name)
-            continue
-        _write_event_file(run_dir, state.next_seq, tokens, events, event_pb2)
-        result.updated.append(name)
+    for files, metrics in cells:
+        with metrics:
+            name = run_name(files)
+            all_hparams[name] = values = hparams(files)
+            families |= layer_families(metrics.keys)
+            run_dir = inside(out, name)
+            state = TensorBoardRun.read(run_dir)
+            # Steps are placed in time from when the run began (config.json is written first).
+            began = (files.path / "config.json").stat().st_mtime
+            head, tokens, tail = [], [], []
+            if not state.started:
+                head.append(event_pb2.Event(wall_time=began, summary=hp.hparams_pb(values, trial_id=files.group,
+                                                                                  start_time_secs=began)))
+                tokens.append("start")
+            new_steps = metrics.steps_after(state.last_step)
+            if len(new_steps):
+                tokens.append(f"steps-{new_steps[0]}-{new_steps[-1]}")
+            if files.summary is not None and _digest(files.summary) != state.end:
+                ended = (files.path / SUMMARY).stat().st_mtime
+                tail.append(scalar_event(metrics.last_step or 0, ended, summary_scalars(files.summary)))
+                tail.append(session_end(files.status, ended))
+                tokens.append(f"end-{_digest(files.summary)}")
+            if not tokens:
+                result.unchanged.append(name)
+                continue
+            steps = (scalar_event(row["step"], began + float(row.get("time_s") or 0.0), scalars(row))
+                     for row in metrics.rows_after(state.last_step))
+            _write_event_file(run_dir, state.next_seq, tokens, itertools.chain(head, steps, tail), event_pb2)
+            result.updated.append(name)
 
     _write_experiment(out, all_hparams, sorted(families), hp, event_pb2)
     return result
 
 
-def _write_event_file(run_dir: Path, seq: int, tokens: list[str], events: list, event_pb2) -> Path:
-    """One complete event file, written with TensorBoard's record writer under a name without
+def _write_event_file(run_dir: Path, seq: int, tokens: list[str], events: Iterable, event_pb2) -> Path:
+    """One complete event file (its events written as they come), written with TensorBoard's record writer under a name without
     `tfevents` (which TensorBoard would read half-written), then renamed into place."""
     from tensorboard.summary.writer.record_writer import RecordWriter
 
@@ -266,7 +246,7 @@ def _write_event_file(run_dir: Path, seq: int, tokens: list[str], events: list, 
         with os.fdopen(fd, "wb") as f:
             writer = RecordWriter(f)
             header = event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")
-            for event in [header, *events]:
+            for event in itertools.chain([header], events):
                 writer.write(event.SerializeToString())
             f.flush()
             os.fsync(f.fileno())
@@ -277,9 +257,8 @@ def _write_event_file(run_dir: Path, seq: int, tokens: list[str], events: list, 
     return final
 
 
-def layer_families(rows: list[dict[str, Any]]) -> set[tuple[str, str]]:
+def layer_families(keys: Iterable[str]) -> set[tuple[str, str]]:
     """(metric, part) of every per-layer key: `grad_norm/layer_3/attn` -> ("grad_norm", "/attn")."""
-    keys = set().union(*(row.keys() for row in rows)) if rows else set()
     return {(m["metric"], m["part"] or "") for key in keys if (m := LAYER_KEY.match(key))}
 
 
@@ -359,8 +338,9 @@ def export_wandb(root: str | Path, out: str | Path, project: str | None = None) 
     (out / "wandb").mkdir(parents=True, exist_ok=True)  # an unwritable --out fails here, not in /tmp/wandb
     with _wandb_dirs_inside(out / "wandb"):
         try:
-            for files in cells:
-                states.append(_export_wandb_cell(wandb, files, out, project, state_dir, result))
+            for files, metrics in cells:
+                with metrics:
+                    states.append(_export_wandb_cell(wandb, files, metrics, out, project, state_dir, result))
         finally:
             if any(states):
                 wandb.teardown()  # wait for wandb's service to write every record to disk
@@ -402,14 +382,14 @@ def _wandb_dirs_inside(folder: Path):
                 os.environ[key] = value
 
 
-def _export_wandb_cell(wandb, files: RunFiles, out: Path, project: str | None, state_dir: Path,
-                       result: Exported) -> tuple[Path, dict] | None:
+def _export_wandb_cell(wandb, files: RunFiles, metrics: MetricsIndex, out: Path, project: str | None,
+                       state_dir: Path, result: Exported) -> tuple[Path, dict] | None:
     """Log one cell as an offline run unless it is unchanged; returns its new export state."""
     name, run_id = run_name(files), wandb_run_id(files)
     state_path = state_dir / f"{run_id}.json"
     state = json.loads(state_path.read_text()) if state_path.is_file() else {}
-    rows = new_rows(files, -1)
-    last = rows[-1]["step"] if rows else -1
+    steps = metrics.steps_after(-1)
+    last = int(steps[-1]) if len(steps) else -1
     summary_digest = _digest(files.summary) if files.summary is not None else None
     if (state.get("last_step"), state.get("summary")) == (last, summary_digest):
         result.unchanged.append(name)
@@ -424,7 +404,7 @@ def _export_wandb_cell(wandb, files: RunFiles, out: Path, project: str | None, s
     )
     try:
         folder = Path(run.dir).parent.name  # offline-run-<time>-<id>
-        for row in rows:
+        for row in metrics.rows_after(-1):
             run.log(scalars(row), step=row["step"])
         if files.summary is not None:
             run.summary.update({**summary_scalars(files.summary), "status": files.status})

@@ -15,9 +15,8 @@ import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Iterator
 
-import jsonlines
 import pandas as pd
 
 # Re-exported for the rest of analysis (DONE, FINISHED, SETTING_KEYS, SUMMARY).
@@ -211,9 +210,10 @@ def read_json_object(path: Path) -> dict[str, Any]:
     return data
 
 
-def read_run_files(cell_dir: Path, skipped: list[str]) -> RunFiles | None:
-    """config.json, summary.json and the valid rows of metrics.jsonl of one run directory;
-    None (with one line in `skipped`) when config.json or summary.json is damaged."""
+def read_run_files(cell_dir: Path, skipped: list[str], rows: bool = True) -> RunFiles | None:
+    """config.json, summary.json and the valid rows of metrics.jsonl of one run directory (no
+    rows with rows=False: a caller that streams them, analysis/metrics_index.py); None (with one
+    line in `skipped`) when config.json or summary.json is damaged."""
     name = cell_dir.name
     try:
         config = read_json_object(cell_dir / CONFIG)
@@ -232,40 +232,53 @@ def read_run_files(cell_dir: Path, skipped: list[str]) -> RunFiles | None:
         if config.get(section) is not None and not isinstance(config[section], dict):
             _skip(skipped, f"{name}: {CONFIG} field {section!r} is not an object; cell left out")
             return None
-    return RunFiles(cell_dir, config, summary, read_metrics(cell_dir / METRICS, name, skipped))
+    return RunFiles(cell_dir, config, summary, read_metrics(cell_dir / METRICS, name, skipped) if rows else [])
 
 
 def read_metrics(path: Path, cell_id: str, skipped: list[str] | None = None) -> list[dict[str, Any]]:
     """The valid rows of a metrics.jsonl, in file order. A line that is not a JSON object
     with an integer `step` (the last one cut by a crash, or garbage anywhere) is skipped with
     a warning naming it, and reading goes on: no valid row after it is lost."""
-    if not path.is_file():
-        return []
-    rows, bad = [], []
-    with open(path, "rb") as f:  # bytes: jsonlines reports undecodable lines like unparsable ones
-        reader = jsonlines.Reader(f)
-        number = 0
-        while True:
-            try:
-                row = reader.read()
-            except EOFError:
-                break
-            except jsonlines.InvalidLineError as e:
-                number += 1
-                text = e.line.decode("utf-8", "replace") if isinstance(e.line, bytes) else str(e.line)
-                if text.strip():  # a blank line is no row, and no loss either
-                    bad.append((number, "not JSON"))
-                continue
-            number += 1
-            if isinstance(row, dict) and isinstance(row.get("step"), int) and not isinstance(row["step"], bool):
-                rows.append(row)
-            else:
-                bad.append((number, "not an object with an integer step"))
+    return [row for _, row in scan_metrics(path, cell_id, skipped)]
+
+
+def scan_metrics(source: Path | BinaryIO, cell_id: str,
+                 skipped: list[str] | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(byte offset of its line, row) for each valid row of a metrics.jsonl (a path, or a file
+    opened in binary mode, read from its start), in file order, one line in memory at a time
+    (read_metrics's rules; the skipped lines are named once the file has been read to its end)."""
+    if not isinstance(source, Path):
+        yield from _scan_lines(source, cell_id, skipped)
+    elif source.is_file():
+        with open(source, "rb") as f:
+            yield from _scan_lines(f, cell_id, skipped)
+
+
+def _scan_lines(f: BinaryIO, cell_id: str, skipped: list[str] | None) -> Iterator[tuple[int, dict[str, Any]]]:
+    bad, number, offset = [], 0, f.seek(0)
+    while line := f.readline():
+        number += 1
+        row, why = parse_metrics_line(line) if line.strip() else (None, None)  # a blank line: no row, no loss
+        if row is not None:
+            yield offset, row
+        elif why:
+            bad.append((number, why))
+        offset += len(line)
     for line, why in bad:
         where = "last line" if line == number else f"line {line}"
         hint = " (cut by a crash, or still being written)" if line == number else "; the rows after it are kept"
         _skip(skipped, f"{cell_id}: skipped {where} of {METRICS}, {why}{hint}", stacklevel=4)
-    return rows
+
+
+def parse_metrics_line(line: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    """(row, None) for a JSON object with an integer `step`, else (None, why)."""
+    try:
+        row = json.loads(line.decode("utf-8"))
+    except ValueError:  # json.JSONDecodeError and UnicodeDecodeError alike
+        return None, "not JSON"
+    if isinstance(row, dict) and isinstance(row.get("step"), int) and not isinstance(row["step"], bool):
+        return row, None
+    return None, "not an object with an integer step"
 
 
 def _skip(skipped: list[str] | None, message: str, stacklevel: int = 3) -> None:
