@@ -117,11 +117,18 @@ def step_flops(cfg) -> float:
     parameters)."""
     key = (cfg.spec, cfg.size, cfg.context, cfg.batch_size)
     if key not in _FLOPS:
+        import torch
+
         from ablate.model import build_model
 
-        model = build_model(cfg.spec, cfg.size, device="meta")
-        params = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("wpe."))
         size = cfg.size
+        # Only the parameter count is wanted. A small model is built on the CPU in milliseconds;
+        # on the meta device, torch's first init call imports torch._dynamo (about 3 s of every
+        # dry run), so meta is kept for sizes whose weights would take real memory and time.
+        rough = 12 * size.n_layer * size.d_model ** 2 + size.vocab_size * size.d_model
+        with torch.random.fork_rng(devices=[]):  # the weights' draws leave the caller's RNG as it was
+            model = build_model(cfg.spec, size, device="cpu" if rough < 20e6 else "meta")
+        params = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("wpe."))
         _FLOPS[key] = cfg.batch_size * cfg.context * (6 * params + 6 * size.n_layer * cfg.context * size.d_model)
     return _FLOPS[key]
 
