@@ -38,7 +38,7 @@ from ablate.checks import above_one as _above_one, at_least as _at_least, non_ne
 from ablate.checks import positive as _positive, unit as _unit
 from ablate.errors import ConfigError
 from ablate.kernels import BACKENDS as KERNEL_BACKENDS, kernel_choices
-from ablate.registry import ComponentOption
+from ablate.registry import ComponentOption, Registry
 from ablate.sizes import SIZES, ModelSize, get_size
 from ablate.variant_axes import AXES, DECLARED_AXES
 from ablate.variants import INITS, OPTIMIZERS, SCHEDULES, VariantError, VariantSpec, make_variant
@@ -248,12 +248,12 @@ class _Schema(Mapping):
     worker loading a cell's plugins) adds its components' options everywhere they are read."""
 
     def __init__(self):
-        self._cache: tuple[tuple[int, ...], dict[str, Option]] | None = None
+        self._cache: tuple[int, dict[str, Option]] = (-1, {})
 
     def _current(self) -> dict[str, Option]:
-        versions = tuple(r.version for r in _COMPONENT_REGISTRIES.values())
-        if self._cache is None or self._cache[0] != versions:
-            self._cache = (versions, _build_schema())
+        changes = Registry.changes  # read first: a registration while building means build again next time
+        if self._cache[0] != changes:
+            self._cache = (changes, _build_schema())
         return self._cache[1]
 
     def __getitem__(self, name: str) -> Option:
@@ -271,9 +271,13 @@ class _Names(Sequence):
 
     def __init__(self, keep: Callable[[str, Option], bool]):
         self._keep = keep
+        self._cache: tuple[int, tuple[str, ...]] = (-1, ())
 
     def _names(self) -> tuple[str, ...]:
-        return tuple(n for n, o in OPTIONS.items() if self._keep(n, o))
+        changes = Registry.changes
+        if self._cache[0] != changes:
+            self._cache = (changes, tuple(n for n, o in OPTIONS.items() if self._keep(n, o)))
+        return self._cache[1]
 
     def __getitem__(self, index):
         return self._names()[index]

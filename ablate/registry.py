@@ -36,10 +36,13 @@ class ComponentOption:
 class Registry(Generic[T]):
     """Names -> implementations of one kind (`what` names the kind in messages)."""
 
+    # Registrations in every registry so far: what is derived from them (the option schema)
+    # is cached until this moves.
+    changes = 0
+
     def __init__(self, what: str, error: type[RegistryError] = RegistryError):
         self.axis = what  # the name of the variant axis or option the values are for
         self.error = error
-        self.version = 0  # counts registrations, so that what is derived from them can be cached
         self._items: dict[str, T] = {}
         self._origin: dict[str, str] = {}
         self._options: dict[str, tuple[ComponentOption, ...]] = {}
@@ -56,7 +59,7 @@ class Registry(Generic[T]):
         self._items[name] = obj
         self._origin[name] = origin or getattr(obj, "__module__", None) or "?"
         self._options[name] = tuple(options)
-        self.version += 1
+        Registry.changes += 1
         return obj
 
     def _check_agrees(self, name: str, option: ComponentOption) -> None:
