@@ -32,8 +32,9 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from ablate.analysis.claim_measures import GRAD_FLOOR  # noqa: E402  (a 0 gradient is drawn there)
 from ablate.analysis.labels import label_of, short_labels  # noqa: E402
 from ablate.analysis.load import DONE, layer_columns  # noqa: E402
-from ablate.analysis.plots import (DIVERGED_COLOUR, ENTROPY_COLOUR, FAST_DRAWING, Layout, _finish, _styled,  # noqa: E402
-                                   log_y, panel_figure, panel_title, save_figure)
+from ablate.analysis.plot_jobs import run_plot_jobs  # noqa: E402
+from ablate.analysis.plots import (DIVERGED_COLOUR, ENTROPY_COLOUR, FAST_DRAWING, Layout, Plot, _finish,  # noqa: E402
+                                   _styled, log_y, panel_figure, panel_title, save_figure)
 from ablate.analysis.selection import select  # noqa: E402
 from ablate.registry import Registry  # noqa: E402
 
@@ -62,12 +63,15 @@ def write_claim_plots(claim, ctx, out_dir: Path, dpi: int = 110) -> dict:
     """Draw the claim's "what" plot (claim.plot) and its "why" plot (claim.why_plot) into
     out_dir: {"what": [png, svg], "why": [png, svg]}, [] for a plot the claim does not declare
     or the runs lack the data of."""
-    what = _write(claim, ctx, claim.plot, dict(claim.plot_params), Path(out_dir) / f"claim_{claim.name}",
-                  claim.statement, dpi)
     why_kind = getattr(claim, "why_plot", None)
-    why = _write(claim, ctx, why_kind, dict(getattr(claim, "why_params", None) or {}),
-                 Path(out_dir) / f"claim_{claim.name}_why", None, dpi)
-    return {"what": what, "why": why}
+    jobs = {  # drawn side by side (analysis/plot_jobs.py); each returns its files
+        "what": lambda: _write(claim, ctx, claim.plot, dict(claim.plot_params), Path(out_dir) / f"claim_{claim.name}",
+                               claim.statement, dpi),
+        "why": lambda: _write(claim, ctx, why_kind, dict(getattr(claim, "why_params", None) or {}),
+                              Path(out_dir) / f"claim_{claim.name}_why", None, dpi),
+    }
+    done = run_plot_jobs([lambda kind=kind, job=job: Plot(kind, None, job(), "") for kind, job in jobs.items()])
+    return {plot.name: plot.paths for plot in done}
 
 
 def write_claim_plot(claim, ctx, out_dir: Path, dpi: int = 110) -> list[Path]:

@@ -78,7 +78,7 @@ def draw_unigram_entropy(ax, cells: pd.DataFrame, vertical: bool = False) -> Non
 @dataclass
 class Plot:
     name: str
-    figure: plt.Figure
+    figure: plt.Figure | None  # None when drawn in a child process (analysis/plot_jobs.py)
     paths: list[Path]
     caption: str
 
@@ -727,5 +727,5 @@ def plot_probe_heatmaps(steps: pd.DataFrame, cells: pd.DataFrame, out_dir: Path,
 
 def close(plots) -> None:
     for plot in plots:
-        if plot is not None:
+        if plot is not None and plot.figure is not None:  # plt.close(None) would close the current figure
             plt.close(plot.figure)

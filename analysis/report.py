@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from ablate.analysis import plots
+from ablate.analysis.plot_jobs import run_plot_jobs
 from ablate.analysis.analyse import Analysis, Settings, analyse
 from ablate.analysis.load import FINISHED, RUNNING
 from ablate.analysis.lr_sensitivity import sweep_table
@@ -79,22 +80,24 @@ def _move_plots(fresh: Path, plots_dir: Path) -> None:
         os.replace(path, plots_dir / path.name)
 
 
-def make_plots(analysis: Analysis, out_dir: Path, dpi: int = 120) -> list[plots.Plot]:
-    """Every plot the runs have data for (per-layer ones need probes), with one Style."""
+def make_plots(analysis: Analysis, out_dir: Path, dpi: int = 120, processes: int | None = None) -> list[plots.Plot]:
+    """Every plot the runs have data for (per-layer ones need probes), with one Style, the
+    kinds drawn side by side in forked processes (analysis/plot_jobs.py; `processes=1`: here,
+    one after another, and the figures are kept)."""
     runs, metrics = analysis.runs, analysis.metrics
     if metrics.empty:
         return []
     style = plots.make_style(metrics, runs.option_axes)
-    made = [
-        plots.plot_loss_curves(runs.steps, metrics, out_dir, style, dpi=dpi),
-        plots.plot_final_loss(metrics, analysis.summary, out_dir, style, analysis.settings.last_k, dpi=dpi),
-        plots.plot_lr_sensitivity(analysis.lr_sweeps, metrics, out_dir, style, dpi=dpi),
-        plots.plot_grad_heatmaps(runs.steps, metrics, out_dir, style, dpi=dpi),
-        plots.plot_probe_heatmaps(runs.steps, metrics, out_dir, style, dpi=dpi),
-        plots.plot_grad_profiles(analysis.grad_profiles, metrics, out_dir, style, dpi=dpi),
-        plots.plot_residual_rms(analysis.act_profiles, metrics, out_dir, style, dpi=dpi),
+    jobs = [
+        lambda: plots.plot_loss_curves(runs.steps, metrics, out_dir, style, dpi=dpi),
+        lambda: plots.plot_final_loss(metrics, analysis.summary, out_dir, style, analysis.settings.last_k, dpi=dpi),
+        lambda: plots.plot_lr_sensitivity(analysis.lr_sweeps, metrics, out_dir, style, dpi=dpi),
+        lambda: plots.plot_grad_heatmaps(runs.steps, metrics, out_dir, style, dpi=dpi),
+        lambda: plots.plot_probe_heatmaps(runs.steps, metrics, out_dir, style, dpi=dpi),
+        lambda: plots.plot_grad_profiles(analysis.grad_profiles, metrics, out_dir, style, dpi=dpi),
+        lambda: plots.plot_residual_rms(analysis.act_profiles, metrics, out_dir, style, dpi=dpi),
     ]
-    return [p for p in made if p is not None]
+    return [p for p in run_plot_jobs(jobs, processes) if p is not None]
 
 
 def _render_section(section: Section, analysis: Analysis) -> str:

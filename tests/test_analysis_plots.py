@@ -33,7 +33,7 @@ def lr_plots(tmp_path_factory):
                 write_run(root, variant, seed, losses, options={"lr": lr}, n_layer=N_LAYER, probe_every=3,
                           unigram_entropy=ENTROPY)
     analysis = analyse(root)
-    made = make_plots(analysis, root / "plots", dpi=30)
+    made = make_plots(analysis, root / "plots", dpi=30, processes=1)  # here: the tests read the figures
     yield analysis, {p.name: p for p in made}
     for plot in made:
         plt.close(plot.figure)

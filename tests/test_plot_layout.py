@@ -46,7 +46,7 @@ def grid(tmp_path_factory):
 @pytest.fixture(scope="module")
 def report_figures(grid):
     analysis, root = grid
-    made = make_plots(analysis, root / "plots", dpi=20)
+    made = make_plots(analysis, root / "plots", dpi=20, processes=1)  # here: the tests read the figures
     yield {p.name: p.figure for p in made}
     for plot in made:
         plt.close(plot.figure)
