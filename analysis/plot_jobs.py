@@ -8,8 +8,9 @@ plots took about 19 s in one process here), and the kinds are independent, so th
 children forked from this process: a child starts in a millisecond with every frame already
 in memory, nothing is pickled on the way in, and only (name, paths, caption) comes back.
 
-Where fork is unavailable, with one core, or when the caller wants the figures (the layout
-tests measure them), the jobs run in this process, one after another. A job that fails in a
+Where fork is unavailable, with one core, while Ray runs in this process, or when the caller
+wants the figures (the layout tests measure them), the jobs run in this process, one after
+another. A job that fails in a
 child is run again here, so its error is raised as it would have been.
 """
 from __future__ import annotations
@@ -39,7 +40,7 @@ def run_plot_jobs(jobs: list[Job], processes: int | None = None) -> list[Plot | 
     this process may use); in this process when that is 1 or fork is unavailable. Plots made
     in a child come back with figure None: their files are written, their figures gone."""
     processes = min(len(jobs), processes or available_cores())
-    if processes <= 1 or not hasattr(os, "fork"):
+    if processes <= 1 or not hasattr(os, "fork") or _ray_is_running_here():
         return [job() for job in jobs]
     results: list[Plot | None] = [None] * len(jobs)
     failed: list[int] = []
@@ -62,6 +63,13 @@ def run_plot_jobs(jobs: list[Job], processes: int | None = None) -> list[Plot | 
     for index in failed:  # again here: its exception raised as it would have been
         results[index] = jobs[index]()
     return results
+
+
+def _ray_is_running_here() -> bool:
+    """Ray's threads and gRPC channels (a grid run with --backend ray in this process) are not
+    made to be forked: then the plots are drawn here."""
+    ray = sys.modules.get("ray")
+    return bool(ray is not None and getattr(ray, "is_initialized", lambda: False)())
 
 
 def _fork(job: Job) -> tuple[int, int]:
