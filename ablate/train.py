@@ -104,10 +104,22 @@ def plan_run(cell, execution=None, run_dir: str | Path | None = None) -> RunPlan
     size, data = _size_and_data(cfg)
     check_data_fits(data, cfg.context)
     ops = get_backend(cfg.kernels, str(device))
+    if getattr(ops, "interpreted", False):
+        _note_interpreted(ops.name, cfg.batch_size * cfg.context)
     plan = RunPlan(cfg, device, autocast_dtype(cfg, device), size, data, ops)
     if run_dir is not None:
         _plan_into(cell, plan, Path(run_dir))
     return plan
+
+
+def _note_interpreted(kernels: str, rows: int) -> None:
+    """Why a run on interpreted kernels crawls (measured: about 5 ms a program instance, one
+    instance per token row, so seconds per launch and minutes per step at `tiny`'s defaults;
+    not a loop), and the bounded way to check those kernels on a CPU."""
+    print(f"ablate: kernels {kernels!r} run in Triton's CPU interpreter (TRITON_INTERPRET=1): every launch runs "
+          f"one Python program per token row ({rows:,} here, about 5 ms each: about {rows * 0.005:.2g} s a launch, "
+          f"dozens of launches a step); to check the kernels on a CPU, run `ablate kernels check --backends "
+          f"{kernels}`", file=sys.stderr, flush=True)
 
 
 def _plan_into(cell, plan: RunPlan, run_dir: Path) -> None:

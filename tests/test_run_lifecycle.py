@@ -196,6 +196,19 @@ def test_triton_without_its_interpreter_leaves_no_folder_or_lock(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_run_on_interpreted_triton_kernels_says_why_it_is_slow_and_what_checks_them(tmp_path, capsys):
+    pytest.importorskip("triton")
+    from ablate.kernels import triton_kernels
+
+    assert triton_kernels.INTERPRETED  # conftest.py sets TRITON_INTERPRET=1 where there is no GPU
+    assert main(["train", "--kernels", "triton", "--layers", "1", "--batch-size", "1", "--seq-len", "8", "--steps", "1",
+                 "--eval-batches", "1", "--final-eval-batches", "1", "--quiet", "--out", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "Triton's CPU interpreter" in err and "one Python program per token row (8 here" in err
+    assert "`ablate kernels check --backends triton`" in err
+
+
 # ------------------------------------------------------------------ 4. final_loss follows the contract
 
 
