@@ -8,9 +8,9 @@ plots took about 19 s in one process here), and the kinds are independent, so th
 children forked from this process: a child starts in a millisecond with every frame already
 in memory, nothing is pickled on the way in, and only (name, paths, caption) comes back.
 
-Where fork is unavailable, with one core, while Ray runs in this process, or when the caller
-wants the figures (the layout tests measure them), the jobs run in this process, one after
-another. A job that fails in a
+Off Linux (fork is missing, or on macOS unsafe once system frameworks are loaded), with one
+core, while Ray runs in this process, or when the caller wants the figures (the layout tests
+measure them), the jobs run in this process, one after another. A job that fails in a
 child is run again here, so its error is raised as it would have been.
 """
 from __future__ import annotations
@@ -37,10 +37,10 @@ def available_cores() -> int:
 
 def run_plot_jobs(jobs: list[Job], processes: int | None = None) -> list[Plot | None]:
     """Run `jobs` (callables returning a Plot or None), `processes` at once (default: the cores
-    this process may use); in this process when that is 1 or fork is unavailable. Plots made
+    this process may use); in this process when that is 1 or off Linux. Plots made
     in a child come back with figure None: their files are written, their figures gone."""
     processes = min(len(jobs), processes or available_cores())
-    if processes <= 1 or not hasattr(os, "fork") or _ray_is_running_here():
+    if processes <= 1 or not sys.platform.startswith("linux") or _ray_is_running_here():
         return [job() for job in jobs]
     results: list[Plot | None] = [None] * len(jobs)
     failed: list[int] = []
