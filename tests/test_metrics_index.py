@@ -71,5 +71,5 @@ def test_a_tensorboard_export_holds_no_more_than_a_few_rows_of_a_big_metrics_fil
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert peak < size / 4, (peak, size)
+    assert peak < size / 3, (peak, size)  # here: about size / 7 (mostly the index); held as rows, 6x size
     assert len(list((tmp_path / "tb").rglob("events.out.tfevents.*steps-0-500*"))) == 1
