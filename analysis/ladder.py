@@ -298,7 +298,8 @@ def ladder_markdown(summary: dict, plots: dict) -> str:
     if plots:
         lines += ["", *[f"![{k}](plots/{Path(v).name})" for k, v in plots.items()]]
     if summary.get("seconds") is not None:
-        lines += ["", f"Ladder run time: {summary['seconds'] / 60:.1f} min."]
+        lines += ["", f"Ladder run time: {summary['seconds'] / 60:.1f} min (each rung's grid run, as recorded when "
+                      "it trained its cells)."]
     return "\n".join(lines) + "\n"
 
 

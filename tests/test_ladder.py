@@ -193,6 +193,8 @@ def test_a_three_rung_ladder_survives_kill_9_and_reports_every_clause(tmp_path):
     proc.wait()
     first = {p.parent.name: p.stat().st_mtime_ns for p in (out / "mini" / "w16").glob("*/summary.json")}
     assert len(first) == 8 and not (out / "mini" / L.REPORT_MD).exists()
+    (w16,) = json.loads((out / "mini" / L.LADDER_JSON).read_text())["rungs"]  # written after each rung
+    assert w16["name"] == "w16" and w16["seconds"] > 0
 
     rerun = _ladder(path, out)
     text = rerun.communicate(timeout=900)[0]
@@ -202,6 +204,9 @@ def test_a_three_rung_ladder_survives_kill_9_and_reports_every_clause(tmp_path):
         assert len(list((out / "mini" / rung).glob("*/summary.json"))) == 8
     result = json.loads((out / "mini" / L.RESULT_JSON).read_text())
     assert [r["name"] for r in result["rungs"]] == ["w16", "w32", "w48"]
+    rungs = json.loads((out / "mini" / L.LADDER_JSON).read_text())["rungs"]
+    assert rungs[0]["seconds"] == w16["seconds"]  # trained before the kill: its time as recorded then
+    assert result["seconds"] == pytest.approx(sum(r["seconds"] for r in rungs), abs=0.2)
     clause = result["clauses"][0]
     assert len(clause["rows"]) == 3 and all(r["n"] == 4 for r in clause["rows"])  # 2 seeds x 2 rates, paired
     assert clause["trend"] is not None and "andrea-120m" in clause["predictions"]

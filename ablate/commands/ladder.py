@@ -194,14 +194,19 @@ def run_ladder(plan: LadderPlan, options, quiet: bool) -> tuple[int, dict]:
     from ablate.ladder import shift_toward_edges, with_rates
 
     worst, shift, record = 0, 1.0, []
-    t0 = time.time()
+    earlier = _recorded_seconds(plan.out)
     for base_rung, size in zip(plan.rungs, plan.sizes):
         rung = with_rates(base_rung, plan.lrs, shift)
         grid = plan.load(rung, write=True)
         folder = plan.out / rung.name
         print(f"{plan.claim.name} rung {rung.name}: width {rung.width}, lr x {rung.rate_factor:.3g}, "
               f"{len(grid.cells)} cells -> {folder}", flush=True)
+        finished_before = sum((folder / c.id / SUMMARY).exists() for c in grid.cells)
+        t0 = time.time()
         status = run_grid(grid, folder, options)
+        # A rung that had nothing left to train keeps the time recorded when it trained (a rung
+        # resumed after a stop records the resumed part).
+        seconds = earlier.get(rung.name) if finished_before == len(grid.cells) else round(time.time() - t0, 1)
         worst = max(worst, status)
         if status == 2:
             return status, {}
@@ -215,14 +220,35 @@ def run_ladder(plan: LadderPlan, options, quiet: bool) -> tuple[int, dict]:
         print(f"  {rung.name}: {verdict.text()}", flush=True)
         record.append({"name": rung.name, "options": rung.options, "width": rung.width,
                        "rate_factor": rung.rate_factor, "rates": {f"{k:g}": v for k, v in rung.rates.items()},
-                       "size": size, "folder": rung.name, "grid_file": str(plan.grid_file(rung).relative_to(plan.out))})
+                       "size": size, "folder": rung.name, "grid_file": str(plan.grid_file(rung).relative_to(plan.out)),
+                       "seconds": seconds})
         shift *= shift_toward_edges(_best_picks(verdict, grid), plan.step)
-    ladder = {"claim": plan.claim.name, "source": str(plan.source), "scale": plan.scale,
-              "ref_width": plan.ref_width, "rungs": record,
-              "targets": plan.targets, "seconds": round(time.time() - t0, 1)}
-    _write_text(plan.out / LADDER_JSON, json.dumps(ladder, indent=2) + "\n")
+        _write_ladder_json(plan, record)  # after every rung: a stopped ladder keeps its rungs' times
     summary = write_ladder_report(plan.claim, plan.out)
     return worst, summary
+
+
+def _write_ladder_json(plan: LadderPlan, record: list[dict]) -> None:
+    ladder = {"claim": plan.claim.name, "source": str(plan.source), "scale": plan.scale,
+              "ref_width": plan.ref_width, "rungs": record, "targets": plan.targets,
+              "seconds": _total_seconds(record)}
+    _write_text(plan.out / LADDER_JSON, json.dumps(ladder, indent=2) + "\n")
+
+
+def _total_seconds(record: list[dict]) -> float | None:
+    """The rungs' seconds summed; None when a rung's time is not known (trained by a version
+    that did not record it)."""
+    times = [r["seconds"] for r in record]
+    return None if any(t is None for t in times) else round(sum(times), 1)
+
+
+def _recorded_seconds(out: Path) -> dict[str, float]:
+    """rung name -> the seconds its run took, as an earlier run of this ladder recorded them."""
+    try:
+        return {r["name"]: r["seconds"] for r in json.loads((out / LADDER_JSON).read_text())["rungs"]
+                if r.get("seconds") is not None}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
 
 
 def _best_picks(verdict, grid) -> list[tuple[float, float, float]]:
