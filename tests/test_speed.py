@@ -16,6 +16,7 @@ def measured(monkeypatch, tmp_path):
     """The real machine_speed, with its cache in tmp_path, a fixed load average and a
     calibration that counts its calls and returns the given figures."""
     monkeypatch.setattr(speed, "machine_speed", MACHINE_SPEED)
+    monkeypatch.delenv(speed.SPEED_ENV, raising=False)  # conftest.py's yardstick for child processes
     monkeypatch.setenv("ABLATE_CACHE", str(tmp_path))
     state = {"load": 0.5, "calls": 0}
     monkeypatch.setattr(speed, "load_average", lambda: state["load"])
@@ -105,3 +106,8 @@ def test_grid_dry_run_prints_the_measured_estimate(measured, capsys, tmp_path):
     out = capsys.readouterr().out
     assert "estimated time: about" in out and "with 2 local workers" in out
     assert "calibrated on this machine just now" in out and measured["calls"] == 1
+
+
+def test_ablate_speed_reference_estimates_from_the_yardstick_without_measuring(measured, monkeypatch):
+    monkeypatch.setenv(speed.SPEED_ENV, "reference")
+    assert speed.machine_speed(2, quiet=True) == speed.reference(2) and measured["calls"] == 0
