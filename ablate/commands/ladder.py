@@ -15,7 +15,6 @@ from ablate.errors import ConfigError
 from ablate.rundir import SUMMARY
 
 DEFAULT_ROOT = Path("runs") / "ladders"
-LADDER_JSON = "ladder.json"
 GRIDS_DIR = "grids"
 
 
@@ -229,6 +228,8 @@ def run_ladder(plan: LadderPlan, options, quiet: bool) -> tuple[int, dict]:
 
 
 def _write_ladder_json(plan: LadderPlan, record: list[dict]) -> None:
+    from ablate.analysis.ladder import LADDER_JSON  # the file's name, declared where it is read
+
     ladder = {"claim": plan.claim.name, "source": str(plan.source), "scale": plan.scale,
               "ref_width": plan.ref_width, "rungs": record, "targets": plan.targets,
               "seconds": _total_seconds(record)}
@@ -244,6 +245,8 @@ def _total_seconds(record: list[dict]) -> float | None:
 
 def _recorded_seconds(out: Path) -> dict[str, float]:
     """rung name -> the seconds its run took, as an earlier run of this ladder recorded them."""
+    from ablate.analysis.ladder import LADDER_JSON
+
     try:
         return {r["name"]: r["seconds"] for r in json.loads((out / LADDER_JSON).read_text())["rungs"]
                 if r.get("seconds") is not None}
