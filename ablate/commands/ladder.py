@@ -245,11 +245,10 @@ def _total_seconds(record: list[dict]) -> float | None:
 
 def _recorded_seconds(out: Path) -> dict[str, float]:
     """rung name -> the seconds its run took, as an earlier run of this ladder recorded them."""
-    from ablate.analysis.ladder import LADDER_JSON
+    from ablate.analysis.ladder import load_ladder
 
     try:
-        return {r["name"]: r["seconds"] for r in json.loads((out / LADDER_JSON).read_text())["rungs"]
-                if r.get("seconds") is not None}
+        return {r["name"]: r["seconds"] for r in load_ladder(out)["rungs"] if r.get("seconds") is not None}
     except (OSError, ValueError, KeyError, TypeError):
         return {}
 
