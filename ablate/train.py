@@ -8,6 +8,7 @@ resumable bit for bit.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -112,6 +113,7 @@ def plan_run(cell, execution=None, run_dir: str | Path | None = None) -> RunPlan
     return plan
 
 
+@functools.lru_cache(maxsize=None)  # once a process: a grid worker plans every cell it trains
 def _note_interpreted(kernels: str, rows: int) -> None:
     """Why a run on interpreted kernels crawls (measured: about 5 ms a program instance, one
     instance per token row, so seconds per launch and minutes per step at `tiny`'s defaults;
