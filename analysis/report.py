@@ -21,7 +21,7 @@ import pandas as pd
 from ablate.analysis import plots
 from ablate.analysis.plot_jobs import run_plot_jobs
 from ablate.analysis.analyse import Analysis, Settings, analyse
-from ablate.analysis.load import FINISHED, RUNNING
+from ablate.analysis.load import FINISHED
 from ablate.analysis.lr_sensitivity import sweep_table
 from ablate.analysis.metrics import MAD_TO_STD
 from ablate.analysis.outcomes import PLATEAU_MARGIN, SCORING_RULE
