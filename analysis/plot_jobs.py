@@ -35,17 +35,20 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def run_plot_jobs(jobs: list[Job], processes: int | None = None) -> list[Plot | None]:
+def run_plot_jobs(jobs: list[Job], processes: int | None = None,
+                  costs: list[float] | None = None) -> list[Plot | None]:
     """Run `jobs` (callables returning a Plot or None), `processes` at once (default: the cores
     this process may use); in this process when that is 1 or off Linux. Plots made
-    in a child come back with figure None: their files are written, their figures gone."""
+    in a child come back with figure None: their files are written, their figures gone.
+    `costs` (relative, one per job) starts the costliest first: the longest job then does not
+    start last while the other cores idle (longest-processing-time-first scheduling)."""
     processes = min(len(jobs), processes or available_cores())
     if processes <= 1 or not sys.platform.startswith("linux") or _ray_is_running_here():
         return [job() for job in jobs]
     results: list[Plot | None] = [None] * len(jobs)
     failed: list[int] = []
     running: dict[int, tuple[int, int, bytearray]] = {}  # read end -> (job index, pid, bytes so far)
-    queue = list(range(len(jobs)))
+    queue = start_order(len(jobs), costs)
     sys.stdout.flush()
     sys.stderr.flush()  # a child must not write out again what this process had buffered
     try:
@@ -63,6 +66,13 @@ def run_plot_jobs(jobs: list[Job], processes: int | None = None) -> list[Plot | 
     for index in failed:  # again here: its exception raised as it would have been
         results[index] = jobs[index]()
     return results
+
+
+def start_order(n: int, costs: list[float] | None) -> list[int]:
+    """The jobs' indices, costliest first (ties and no costs: as given)."""
+    if costs is not None and len(costs) != n:
+        raise ValueError(f"{len(costs)} costs for {n} plot jobs")
+    return sorted(range(n), key=lambda i: -costs[i]) if costs else list(range(n))
 
 
 def _ray_is_running_here() -> bool:

@@ -15,6 +15,18 @@ os.environ.setdefault("ABLATE_SPEED", "reference")
 
 import pytest  # noqa: E402
 
+MAX_TEST_PROCESSES = 8  # beyond this the suite is bound by its longest tests, not by cores
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject.toml): one test process per core this process may use, not
+    xdist's count of physical cores (1 on a 2-vCPU machine with psutil installed)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, MAX_TEST_PROCESSES))
+
 
 @pytest.fixture(autouse=True)
 def reference_speed(monkeypatch):

@@ -6,7 +6,7 @@ import pytest
 from synthetic_runs import write_run
 
 from ablate.analysis.analyse import analyse
-from ablate.analysis.plot_jobs import run_plot_jobs
+from ablate.analysis.plot_jobs import run_plot_jobs, start_order
 from ablate.analysis.plots import Plot
 from ablate.analysis.report import make_plots
 
@@ -49,3 +49,13 @@ def test_a_job_that_fails_in_a_child_raises_its_own_error_here():
     with pytest.raises(ValueError, match="raised in the parent"):
         run_plot_jobs([none, fails, none], processes=2)
     assert run_plot_jobs([none, lambda: Plot("p", None, [], "c")], processes=2)[1] == Plot("p", None, [], "c")
+
+
+def test_the_costliest_jobs_start_first_and_results_keep_the_jobs_order():
+    assert start_order(4, [5, 37, 11, 37]) == [1, 3, 2, 0]  # ties as given
+    assert start_order(3, None) == [0, 1, 2]
+    with pytest.raises(ValueError, match="2 costs for 3 plot jobs"):
+        start_order(3, [1, 2])
+    jobs = [lambda i=i: Plot(f"p{i}", None, [], "") for i in range(5)]
+    done = run_plot_jobs(jobs, processes=2, costs=[1, 9, 3, 7, 5])
+    assert [p.name for p in done] == ["p0", "p1", "p2", "p3", "p4"]
