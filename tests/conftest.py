@@ -3,6 +3,26 @@ import os
 
 import torch
 
+MAX_TEST_PROCESSES = 8  # beyond this the suite is bound by its longest tests, not by cores
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+# Under pytest-xdist each test process gets its share of the cores for torch's threads, and so
+# do its children (OMP_NUM_THREADS): two processes each running 2 OpenMP threads on 2 cores
+# spin-wait on each other's descheduled threads (the optimizer tests took 105 s so, 3.5 s alone).
+# Tests that are about thread counts set them explicitly.
+_processes = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _processes > 1:
+    _share = str(max(1, usable_cores() // _processes))
+    os.environ["OMP_NUM_THREADS"] = _share
+    torch.set_num_threads(int(_share))
+
 # Triton kernels run on a CPU only in Triton's interpreter, which Triton chooses when its
 # decorators run: set it before any test imports a Triton kernel. On a GPU they run natively.
 if not torch.cuda.is_available():
@@ -15,16 +35,11 @@ os.environ.setdefault("ABLATE_SPEED", "reference")
 
 import pytest  # noqa: E402
 
-MAX_TEST_PROCESSES = 8  # beyond this the suite is bound by its longest tests, not by cores
-
 
 def pytest_xdist_auto_num_workers(config):
     """`-n auto` (pyproject.toml): one test process per core this process may use, not
     xdist's count of physical cores (1 on a 2-vCPU machine with psutil installed)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
+    cores = usable_cores()
     return max(1, min(cores, MAX_TEST_PROCESSES))
 
 

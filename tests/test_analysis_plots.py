@@ -10,9 +10,6 @@ from ablate.analysis.plots import _layer_map, ema, make_style, plot_grad_heatmap
     plot_probe_heatmaps, plot_residual_rms
 from ablate.analysis.report import make_plots
 
-# One test process runs this module: its module fixture is costly to build twice (pyproject.toml's -n).
-pytestmark = pytest.mark.xdist_group("test_analysis_plots")
-
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PRE, POST = "pre.layernorm.gelu.dense.res", "post.layernorm.gelu.dense.res"
 N_STEPS, N_LAYER = 12, 3

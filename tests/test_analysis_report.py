@@ -15,9 +15,6 @@ from ablate.analysis.report import LOSS_DIGITS, OTHER_DIGITS, RESULT_COLUMNS, re
 from ablate.analysis.stats import adjust_p_values, format_p, holm
 import json
 
-# One test process runs this module: its module fixture is costly to build twice (pyproject.toml's -n).
-pytestmark = pytest.mark.xdist_group("test_analysis_report")
-
 PRE, POST = "pre.layernorm.gelu.dense.res", "post.layernorm.gelu.dense.res"
 RMS, SANDWICH, SWIGLU = "pre.rmsnorm.gelu.dense.res", "sandwich.layernorm.gelu.dense.res", "pre.layernorm.swiglu.res"
 PLOTS = ["loss_curves", "final_loss", "grad_norm_heatmaps", "grad_norm_profiles", "residual_rms"]

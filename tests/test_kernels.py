@@ -29,9 +29,6 @@ from ablate.sizes import get_size
 from ablate.variants import make_variant
 from ablate.variants.registry import ACTIVATIONS
 
-# One test process runs this module: its module fixture is costly to build twice (pyproject.toml's -n).
-pytestmark = pytest.mark.xdist_group("test_kernels")
-
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CUDA_DIR = Path(__file__).resolve().parents[1] / "ablate" / "kernels" / "cuda"
 HAS_TRITON = importlib.util.find_spec("triton") is not None

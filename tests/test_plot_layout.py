@@ -14,9 +14,6 @@ from ablate.analysis.claim_measures import Context
 from ablate.analysis.claim_plots import PLOTS, claim_figure
 from ablate.analysis.report import make_plots
 
-# One test process runs this module: its module fixture is costly to build twice (pyproject.toml's -n).
-pytestmark = pytest.mark.xdist_group("test_plot_layout")
-
 PRE, POST = "pre.layernorm.gelu.dense.res", "post.layernorm.gelu.dense.res"
 PAGE_PX, MIN_PX = 1600, 8  # a text under 8 px high at 1,600 px wide is not readable
 CLAIM_PARAMS = {  # each claim kind with the params a claim would give it

@@ -16,9 +16,7 @@ from pathlib import Path
 
 import pytest
 
-# One test process runs this module: its module fixture is costly to build twice (pyproject.toml's -n).
-pytestmark = [pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed"),
-              pytest.mark.xdist_group("test_triton_aot")]
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
 KERNELS_PY = Path(__file__).resolve().parents[1] / "ablate" / "kernels" / "triton_kernels.py"
 
