@@ -12,7 +12,9 @@ run stuck on that plateau is visible at a glance.
 """
 from __future__ import annotations
 
+import copy
 import functools
+import re
 import textwrap
 import warnings
 from dataclasses import dataclass, field
@@ -28,7 +30,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.cm import ScalarMappable  # noqa: E402
 from matplotlib.colors import LogNorm, Normalize  # noqa: E402
-from matplotlib.ticker import MaxNLocator, NullLocator  # noqa: E402
+from matplotlib.ticker import LogFormatterSciNotation, MaxNLocator, NullLocator  # noqa: E402
 from scipy import stats as scipy_stats  # noqa: E402
 
 from ablate.analysis.labels import label_of, short_labels  # noqa: E402
@@ -236,10 +238,41 @@ def _grid(n_rows: int, n_cols: int, sharey: bool = False, **layout):
     return fig, np.array(axes, dtype=object).reshape(n_rows, n_cols), spec
 
 
+_SUPERSCRIPTS = str.maketrans("0123456789-\N{MINUS SIGN}", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁻")
+_MATH_POWER = re.compile(r"\^\{([^}]*)\}")
+
+
+class PlainLogFormatter(LogFormatterSciNotation):
+    """matplotlib's log-axis tick labels (the same ticks: 10⁻⁵, 2×10⁻³) as plain text with
+    superscript digits: the same labels without mathtext, whose parse and layout of every
+    tick label were about a tenth of the time a report's plots take."""
+
+    def __call__(self, x, pos=None):
+        label = super().__call__(x, pos)
+        if not (label.startswith("$\\mathdefault{") and label.endswith("}$")):
+            return label
+        body = label[len("$\\mathdefault{"):-2].replace("\\times", "×").replace("\\;", " ")
+        return _MATH_POWER.sub(lambda m: m.group(1).translate(_SUPERSCRIPTS), body)
+
+
+def _plain_log_labels(fig: plt.Figure) -> None:
+    """Every log axis of the figure (panels, colour bars) labelled by PlainLogFormatter."""
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            for get, put in ((axis.get_major_formatter, axis.set_major_formatter),
+                             (axis.get_minor_formatter, axis.set_minor_formatter)):
+                formatter = get()
+                if type(formatter) is LogFormatterSciNotation:  # the log scale's own: its settings kept
+                    plain = copy.copy(formatter)
+                    plain.__class__ = PlainLogFormatter
+                    put(plain)
+
+
 def save_figure(fig: plt.Figure, path: Path, dpi: int | None = None) -> Path:
     """Write the figure to `path` without following a link there (safe_files.replace_atomic:
     a fresh temporary renamed over `path`)."""
     path = Path(path)
+    _plain_log_labels(fig)
     # A light PNG compression: the default level takes seconds on a tall grid of panels.
     extra = {"pil_kwargs": {"compress_level": 1}} if path.suffix == ".png" else {}
     replace_atomic(path, lambda f: fig.savefig(f, format=path.suffix.lstrip("."), dpi=dpi, **extra), fsync=False)

@@ -7,7 +7,7 @@ from synthetic_runs import write_run
 
 from ablate.analysis.analyse import analyse
 from ablate.analysis.plots import _layer_map, ema, make_style, plot_grad_heatmaps, plot_grad_profiles, plot_loss_curves, \
-    plot_probe_heatmaps, plot_residual_rms
+    PlainLogFormatter, _plain_log_labels, plot_probe_heatmaps, plot_residual_rms
 from ablate.analysis.report import make_plots
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -208,3 +208,23 @@ def test_the_ema_stops_where_a_run_stops():
     assert list(smoothed.iloc[0]) == pytest.approx([1.0, 5 / 3, 17 / 7, 49 / 15])
     assert smoothed.iloc[1, :2].tolist() == pytest.approx([1.0, 5 / 3]) and smoothed.iloc[1, 2:].isna().all()
     assert ema(wide, 1) is wide  # span 1: raw
+
+
+def test_log_axes_are_labelled_in_plain_text_as_matplotlib_would_in_mathtext(plots):
+    """Saved figures label log axes 10⁻⁵, 2×10⁻³ (superscript digits), not mathtext: the same
+    ticks and words, without a mathtext parse and layout per label."""
+    profiles = plots["grad_norm_profiles"].figure
+    labels = [t.get_text() for ax in profiles.axes if ax.get_yscale() == "log" for t in ax.get_yticklabels()]
+    assert labels and not any("$" in label for label in labels)
+    assert any(label.startswith("10") and label[2:] and set(label[2:]) <= set("⁰¹²³⁴⁵⁶⁷⁸⁹⁻") for label in labels)
+    bars = [ax for ax in plots["grad_norm_heatmaps"].figure.axes if ax.get_xscale() == "log"]  # the colour bar
+    assert bars and all("$" not in t.get_text() for ax in bars for t in ax.get_xticklabels())
+    fig, (wide, narrow) = plt.subplots(1, 2)
+    wide.set_yscale("log"), wide.set_ylim(1e-6, 1e2)
+    narrow.set_yscale("log"), narrow.set_ylim(1.5e-3, 6e-3)  # within a decade: non-decades labelled too
+    _plain_log_labels(fig)
+    fig.canvas.draw()
+    assert isinstance(wide.yaxis.get_major_formatter(), PlainLogFormatter)
+    assert {"10⁻⁵", "10⁰", "10²"} <= {t.get_text() for t in wide.get_yticklabels()}
+    assert "2×10⁻³" in {t.get_text() for t in narrow.get_yticklabels(minor=True)}
+    plt.close(fig)
