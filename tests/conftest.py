@@ -66,3 +66,14 @@ def text_file(tmp_path):
     path = tmp_path / "corpus.txt"
     path.write_text("the quick brown fox jumps over the lazy dog. " * 60)
     return path
+
+
+# The costliest modules first (each over 30 s alone on 2 cores): with whole modules per test
+# process, a long one picked up last would leave the other process idle at the end.
+COSTLY_FIRST = ("test_ladder.py", "test_kernels.py", "test_commands_grid.py", "test_cluster_slurm.py",
+                "test_grids.py", "test_train.py", "test_triton_aot.py", "test_config_schema.py", "test_plugins.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(COSTLY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(COSTLY_FIRST)))  # stable: the rest as collected
