@@ -1,10 +1,13 @@
 """Shared by the cluster tests (tests/test_cluster_*.py): tiny grids, running `ablate grid` as a
 process, and the checks every cell must pass (each step logged exactly once)."""
+import contextlib
+import fcntl
 import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -27,6 +30,21 @@ TINY = """
     steps = {steps}
 """
 TIMING_KEYS = ("time_s", "tokens_per_s")
+# Machine-wide, like what it guards: Ray's address="auto" looks for the Ray instances running on
+# this machine, and with a test's own local Ray up at the same moment (tests run two at once)
+# it may connect to that one instead of the cluster.
+RAY_LOCK = Path(tempfile.gettempdir()) / "ablate-tests-ray.lock"
+
+
+@contextlib.contextmanager
+def one_ray_at_a_time():
+    """Held while a test has a Ray instance of its own up, or looks for the running cluster."""
+    fd = os.open(RAY_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)  # nothing written through a link
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # and the lock with it
 
 
 def write_grid(folder: Path, axes: str, *, steps: int, name: str, batch_size: int = 4, seq_len: int = 32,

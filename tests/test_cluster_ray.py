@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster_helpers import (assert_complete, engine_missing, grid_process, killable_grid, logged_steps, run_grid,
-                             trained_ids, wait_until, write_grid)
+from cluster_helpers import (assert_complete, engine_missing, grid_process, killable_grid, logged_steps,
+                             one_ray_at_a_time, run_grid, trained_ids, wait_until, write_grid)
 
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray")
@@ -25,7 +25,8 @@ PROBE = "import json, ray; ray.init(address='auto', log_to_driver=False); print(
 def _cluster_resources() -> dict | None:
     """The running cluster's resources, or None when no Ray cluster answers."""
     try:
-        proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=60)
+        with one_ray_at_a_time():
+            proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
         return None
     lines = proc.stdout.strip().splitlines()
@@ -36,6 +37,12 @@ RESOURCES = _cluster_resources()
 if RESOURCES is None:
     engine_missing("no running Ray cluster (ray.init(address='auto') fails); start one with "
                    "`ray start --head --num-cpus 2`")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def no_other_ray():
+    with one_ray_at_a_time():
+        yield
 
 
 def test_a_grid_runs_on_the_running_cluster(tmp_path):

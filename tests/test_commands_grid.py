@@ -10,6 +10,7 @@ import textwrap
 import time
 
 import pytest
+from cluster_helpers import one_ray_at_a_time
 from live_files import complete_rows
 
 from ablate.cli import main
@@ -178,11 +179,12 @@ def test_ray_backend_runs_a_two_cell_grid_on_a_local_ray(tmp_path, capsys):
     ray = pytest.importorskip("ray")
     path = write_grid(tmp_path, 'norm = ["pre", "post"]\n')
     grid, out = load_grid(path), tmp_path / "out"
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        assert main(["grid", str(path), "--out", str(out), "--backend", "ray", "--quiet"]) == 0
-    finally:
-        ray.shutdown()
+    with one_ray_at_a_time():  # a cluster test's address="auto" must not find this Ray
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        try:
+            assert main(["grid", str(path), "--out", str(out), "--backend", "ray", "--quiet"]) == 0
+        finally:
+            ray.shutdown()
     text = capsys.readouterr().out
     assert "submitted 2 Ray tasks (1 CPU, 0 GPU each)" in text
     assert sorted(trained_ids(text)) == sorted(c.id for c in grid.cells)
