@@ -329,6 +329,15 @@ def backtest_rows(summaries: list[dict]) -> list[dict]:
             for s in summaries for c in s["clauses"] if c.get("backtest")]
 
 
+def _run_time(summaries: list[dict]) -> str:
+    """The ladders' recorded run time; a ladder whose time was not recorded (a rung trained by
+    a version that kept no rung times) is named, not counted as 0."""
+    seconds = sum(s["seconds"] for s in summaries if s.get("seconds") is not None)
+    unknown = [s["claim"] for s in summaries if s.get("seconds") is None]
+    text = f"ladders' run time {seconds / 60:.1f} min"
+    return text + (f" ({', '.join(unknown)}: not recorded, so not in it)" if unknown else "")
+
+
 def write_backtest(summaries: list[dict], path: Path) -> tuple[Path, list[str]]:
     rows = backtest_rows(summaries)
     lines = ["| claim | clause | held out | predicted [95% PI] | measured | sign | verdict predicted / measured |",
@@ -344,9 +353,8 @@ def write_backtest(summaries: list[dict], path: Path) -> tuple[Path, list[str]]:
                       f"verdict predicted right: {sum(r['verdict_right'] for r in rows)} of {n}; measured inside the "
                       f"95% prediction interval: {sum(r['covered'] for r in rows)} of {n}; median |error| "
                       f"{float(np.median(errors)):.3g} (in each clause's own unit)."]
-    seconds = sum(s.get("seconds") or 0 for s in summaries)
     text = "\n".join(["# Backtest: the largest rung predicted from the smaller ones", "",
-                      f"Claims: {', '.join(s['claim'] for s in summaries)}; ladders' run time {seconds / 60:.1f} min.",
+                      f"Claims: {', '.join(s['claim'] for s in summaries)}; {_run_time(summaries)}.",
                       "", *lines]) + "\n"
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     _write(Path(path), text)

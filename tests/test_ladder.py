@@ -141,6 +141,9 @@ def test_the_backtest_table_states_the_accuracies(tmp_path):
     text = path.read_text()
     assert "Decision accuracy (sign of the effect predicted right): 1 of 2" in text
     assert "verdict predicted right: 1 of 2" in text and "run time 1.5 min" in text
+    summaries.append({"claim": "c2", "clauses": [], "seconds": None})  # trained before rung times were kept
+    text = L.write_backtest(summaries, tmp_path / "backtest.md")[0].read_text()
+    assert "run time 1.5 min (c2: not recorded, so not in it)" in text
 
 
 def test_a_count_is_counted_at_every_rung_not_fitted():
