@@ -37,8 +37,8 @@ import pytest  # noqa: E402
 
 
 def pytest_xdist_auto_num_workers(config):
-    """`-n auto` (pyproject.toml): one test process per core this process may use, not
-    xdist's count of physical cores (1 on a 2-vCPU machine with psutil installed)."""
+    """`-n auto` (pyproject.toml): one test process per core this process may use (its CPU
+    affinity, as a container or `taskset` sets it), which xdist's own count ignores."""
     cores = usable_cores()
     return max(1, min(cores, MAX_TEST_PROCESSES))
 
