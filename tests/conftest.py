@@ -38,7 +38,8 @@ import pytest  # noqa: E402
 
 def pytest_xdist_auto_num_workers(config):
     """`-n auto` (pyproject.toml): one test process per core this process may use (its CPU
-    affinity, as a container or `taskset` sets it), which xdist's own count ignores."""
+    affinity, as a container or `taskset` sets it); xdist's own count is the machine's physical
+    cores whenever psutil is installed."""
     cores = usable_cores()
     return max(1, min(cores, MAX_TEST_PROCESSES))
 
