@@ -244,8 +244,8 @@ _MATH_POWER = re.compile(r"\^\{([^}]*)\}")
 
 class PlainLogFormatter(LogFormatterSciNotation):
     """matplotlib's log-axis tick labels (the same ticks: 10⁻⁵, 2×10⁻³) as plain text with
-    superscript digits: the same labels without mathtext, whose parse and layout of every
-    tick label were about a tenth of the time a report's plots take."""
+    superscript digits: the same labels without mathtext, whose parse of the tick labels alone
+    was about 7% of a report's drawing under cProfile."""
 
     def __call__(self, x, pos=None):
         label = super().__call__(x, pos)
@@ -270,7 +270,7 @@ def _plain_log_labels(fig: plt.Figure) -> None:
 
 def save_figure(fig: plt.Figure, path: Path, dpi: int | None = None) -> Path:
     """Write the figure to `path` without following a link there (safe_files.replace_atomic:
-    a fresh temporary renamed over `path`)."""
+    a fresh temporary renamed over `path`), its log axes labelled by PlainLogFormatter."""
     path = Path(path)
     _plain_log_labels(fig)
     # A light PNG compression: the default level takes seconds on a tall grid of panels.

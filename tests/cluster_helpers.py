@@ -39,7 +39,8 @@ RAY_LOCK = Path(tempfile.gettempdir()) / "ablate-tests-ray.lock"
 @contextlib.contextmanager
 def one_ray_at_a_time():
     """Held while a test has a Ray instance of its own up, or looks for the running cluster."""
-    fd = os.open(RAY_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)  # nothing written through a link
+    # Read-only (a lock needs no more, so another user's lock file serves too), never through a link.
+    fd = os.open(RAY_LOCK, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
