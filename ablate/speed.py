@@ -234,7 +234,7 @@ def machine_speed(threads: int = 1, quiet: bool = False) -> Speed:
 
 def threads_per_worker(workers: int) -> int:
     """A local worker's torch threads: its share of the cores (ablate.backends.local)."""
-    from ablate.backends.base import cpu_count
+    from ablate.cores import cpu_count
 
     return max(1, cpu_count() // max(1, workers))
 

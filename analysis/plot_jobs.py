@@ -29,6 +29,8 @@ Job = Callable[[], "Plot | None"]
 
 
 def available_cores() -> int:
+    # ablate.cores.cpu_count's twin, on purpose: analysis imports nothing of the engine but
+    # the run folder's modules (tests/test_analysis_load.py).
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux

@@ -3,14 +3,9 @@ import os
 
 import torch
 
+from ablate.cores import cpu_count
+
 MAX_TEST_PROCESSES = 8  # beyond this the suite is bound by its longest tests, not by cores
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 # Under pytest-xdist each test process gets its share of the cores for torch's threads, and so
@@ -19,7 +14,7 @@ def usable_cores() -> int:
 # Tests that are about thread counts set them explicitly.
 _processes = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _processes > 1:
-    _share = str(max(1, usable_cores() // _processes))
+    _share = str(max(1, cpu_count() // _processes))
     os.environ["OMP_NUM_THREADS"] = _share
     torch.set_num_threads(int(_share))
 
@@ -40,7 +35,7 @@ def pytest_xdist_auto_num_workers(config):
     """`-n auto` (pyproject.toml): one test process per core this process may use (its CPU
     affinity, as a container or `taskset` sets it); xdist's own count is the machine's physical
     cores whenever psutil is installed."""
-    cores = usable_cores()
+    cores = cpu_count()
     return max(1, min(cores, MAX_TEST_PROCESSES))
 
 

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from ablate import grid_state
-from ablate.backends import base
+from ablate import cores
 from ablate.backends import local
 from ablate.cli import build_parser
 from ablate.grid_runner import GridRunOptions, run_checked_grid
@@ -26,7 +26,7 @@ def test_workers_run_every_cell_once_and_a_rerun_trains_nothing(tmp_path, capsys
     dirs = sorted(p.name for p in out.iterdir() if p.is_dir())
     assert dirs == sorted(c.id for c in grid.cells)
     pids = set()
-    threads = max(1, base.cpu_count() // 2)
+    threads = max(1, cores.cpu_count() // 2)
     for cell in grid.cells:
         runs = attempts(out / cell.id)
         assert len(runs) == 1 and runs[0]["threads"] == threads and runs[0]["gpu"] is None

@@ -19,7 +19,6 @@ what defines the run, is never rewritten.
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -86,13 +85,6 @@ def call_cell(cell_fn: CellFn | None, cell: Cell, out_root: str, retries: int,
         return ("error", f"{type(e).__name__}: {e}".splitlines()[0])
     except Exception as e:  # noqa: BLE001  (run_cell records run errors; this is anything else)
         return ("error", f"{type(e).__name__}: {e}".splitlines()[0])
-
-
-def cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 @dataclasses.dataclass

@@ -20,7 +20,8 @@ from collections import Counter, deque
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from ablate.backends.base import Backend, CellFn, RunResult, call_cell, cpu_count, record_failed_cell, record_payload
+from ablate.backends.base import Backend, CellFn, RunResult, call_cell, record_failed_cell, record_payload
+from ablate.cores import cpu_count
 from ablate.cell import Cell, CellResources
 from ablate.grid_state import cell_status
 from ablate.progress import Progress

@@ -22,7 +22,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ablate.backends.base import PAYLOAD_KINDS, call_cell, cpu_count
+from ablate.backends.base import PAYLOAD_KINDS, call_cell
+from ablate.cores import cpu_count
 from ablate.cell import Cell, CellResources
 from ablate.backends.slurm_tools import parse_seconds
 from ablate.rundir import SUMMARY, read_json, write_json_atomic

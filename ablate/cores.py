@@ -1,0 +1,13 @@
+"""The cores this process may use: its CPU affinity (the limit a container or `taskset` sets),
+else os.cpu_count(). Standard library only, so the tests' start-up reads it without the
+engine. (analysis/plot_jobs.py keeps a twin: analysis imports nothing of the engine.)"""
+from __future__ import annotations
+
+import os
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
