@@ -17,7 +17,7 @@ _EXPORTS = {
     "load_runs": "load", "Runs": "load", "RunsError": "load", "layer_columns": "load",
     "cell_metrics": "metrics", "layer_profiles": "metrics", "final_loss": "metrics", "spike_mask": "metrics",
     "plateaued": "outcomes", "PLATEAU_MARGIN": "outcomes", "outcome_of": "outcomes",
-    "bootstrap_ci": "stats", "welch_p_value": "stats", "paired_p_value": "stats", "finished_values": "stats",
+    "bootstrap_ci": "stats", "mean_interval": "stats", "welch_p_value": "stats", "paired_p_value": "stats", "finished_values": "stats",
     "group_stats": "stats", "paired_comparison": "stats", "compare_to_baseline": "stats",
     "Comparison": "stats", "Interval": "stats", "adjust_p_values": "stats", "holm": "stats", "correct": "stats",
     "seeds_for_power": "stats", "paired_power": "stats",

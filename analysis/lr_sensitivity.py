@@ -15,11 +15,11 @@ instabilities", section 3.1), per seed, over the swept learning rates L:
   best loss        min over L of the clipped loss
   LR sensitivity   mean over L of the clipped loss, minus the best loss (0 for a flat curve;
                    large when much of the swept range trains badly or diverges). It is
-                   computed per seed, then averaged with a bootstrap interval over seeds; only
+                   computed per seed, then averaged with an interval over seeds (stats.mean_interval); only
                    seeds with a result (completed or diverged) at every lr enter it.
 
 Across seeds: the mean clipped loss at each lr gives the *best lr* (its minimum) and the
-*best loss* (its value there, with a bootstrap interval over seeds). The *basin* is the run
+*best loss* (its value there, with its interval over seeds). The *basin* is the run
 of swept lrs around the best lr whose mean clipped loss stays within `tolerance` nats of the
 best; its width is log10(highest / lowest) in decades, "at least" when it reaches the end of
 the swept range. The *unstable lr* is the smallest lr at which any seed diverged, or plateaued
@@ -37,7 +37,7 @@ import pandas as pd
 
 from ablate.analysis.load import DONE
 from ablate.analysis.stats import (BATCH_KEYS, DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED, VERDICT_VALUE,
-                                   Comparison, Interval, bootstrap_ci, paired_comparison)
+                                   Comparison, Interval, mean_interval, paired_comparison)
 from ablate.rundir import COMPLETED, DIVERGED
 
 MIN_LRS = 3
@@ -200,7 +200,7 @@ def analyse_sweep(name: str, cells: pd.DataFrame, value: str = VERDICT_VALUE, to
         best_lr = float(finite.loc[finite["mean_clipped"].idxmin(), "lr"])
         at_best = curve.loc[curve["lr"] == best_lr, "clipped"].dropna().to_numpy(dtype=float)
         best_loss = float(at_best.mean())
-        best_interval = bootstrap_ci(at_best, confidence, n_resamples, seed)
+        best_interval = mean_interval(at_best, confidence, n_resamples, seed)
         low, high, is_open = basin(finite.reset_index(drop=True), best_lr, tolerance)
         window, decades = (low, high), math.log10(high / low)
         best_for = int((per_seed["best_lr"] == best_lr).sum())
@@ -208,7 +208,7 @@ def analyse_sweep(name: str, cells: pd.DataFrame, value: str = VERDICT_VALUE, to
     threshold, why = unstable_lr(by_lr, best_lr)
     return Sweep(name, str(first["variant_id"]), setting, groups, curve, per_seed, by_lr, best_lr, best_loss,
                  best_interval, best_for, float(values.mean()) if values.size else None,
-                 bootstrap_ci(values, confidence, n_resamples, seed), window, decades, is_open, tolerance,
+                 mean_interval(values, confidence, n_resamples, seed), window, decades, is_open, tolerance,
                  threshold, why)
 
 

@@ -37,6 +37,7 @@ from ablate.analysis.labels import label_of, short_labels  # noqa: E402
 from ablate.analysis.load import SETTING_KEYS, VARIANT_AXES, layer_columns  # noqa: E402
 from ablate.analysis.metrics import PHASES  # noqa: E402
 from ablate.analysis.safe_files import replace_atomic  # noqa: E402
+from ablate.analysis.stats import MEAN_INTERVAL_RULE  # noqa: E402
 from ablate.rundir import COMPLETED, DIVERGED, RUNNING
 
 PANEL_SIZE = (4.6, 3.2)  # inches per facet panel
@@ -574,7 +575,7 @@ def plot_residual_rms(act_profiles: pd.DataFrame, cells: pd.DataFrame, out_dir: 
 def plot_final_loss(metrics: pd.DataFrame, group_table: pd.DataFrame, out_dir: Path, style: Style,
                     last_k: int = 10, dpi: int = 120, name: str = "final_loss",
                     value: str = "final_val_loss") -> Plot | None:
-    """Final validation loss per group: mean with its bootstrap interval (a bar only where
+    """Final validation loss per group: mean with its interval (stats.mean_interval; a bar only where
     there is an interval), each completed seed as a dot, each diverged seed as a red x at the
     right, the unigram entropy as a labelled vertical line."""
     if group_table.empty:
@@ -618,9 +619,9 @@ def plot_final_loss(metrics: pd.DataFrame, group_table: pd.DataFrame, out_dir: P
     ax.invert_yaxis()  # first group (the baseline) on top
     ax.set_xlabel("final validation loss (nats, held-out set at the end of training)")
     # The legend goes under the axes (by _finish), never on the points or the unigram label.
-    _finish(fig, [ax], "Final validation loss per group: mean and 95% bootstrap CI across seeds", spec)
+    _finish(fig, [ax], "Final validation loss per group: mean and 95% interval across seeds", spec)
     caption = ("Final validation loss (the held-out set at the end of training) per group: the mean with its 95% "
-               "bootstrap interval, each completed seed as a circle, each diverged seed as a red x; the dotted "
+               f"interval ({MEAN_INTERVAL_RULE}), each completed seed as a circle, each diverged seed as a red x; the dotted "
                "line is the corpus's unigram entropy.")
     return Plot(name, fig, _save(fig, out_dir, name, dpi), caption)
 

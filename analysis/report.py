@@ -25,7 +25,8 @@ from ablate.analysis.load import FINISHED
 from ablate.analysis.lr_sensitivity import sweep_table
 from ablate.analysis.metrics import MAD_TO_STD
 from ablate.analysis.outcomes import PLATEAU_MARGIN, SCORING_RULE
-from ablate.analysis.stats import CONTROLS, CORRECTION_SHORT, CORRECTIONS, divergence_sentence, format_p
+from ablate.analysis.stats import (BOOTSTRAP_MIN_VALUES, CONTROLS, CORRECTION_SHORT, CORRECTIONS, MEAN_INTERVAL_RULE, divergence_sentence,
+                                   format_p)
 from ablate.analysis.safe_files import replace_atomic
 from ablate.rundir import COMPLETED, DIVERGED, FAILED, RUNNING
 
@@ -249,7 +250,7 @@ def _results(analysis: Analysis) -> str:
     s = analysis.settings
     text = ["## Results",
             "Final val loss is the validation loss on the held-out set at the end of training (nats), averaged over "
-            f"completed seeds with a {s.confidence:.0%} bootstrap interval; *train loss* is the mean training loss "
+            f"completed seeds with a {s.confidence:.0%} interval ({MEAN_INTERVAL_RULE}); *train loss* is the mean training loss "
             f"of the last {s.last_k} logged steps. Δ is the group minus its baseline in final val loss (negative = "
             "lower than the baseline), paired by seed where the seeds pair (*test* paired), else the difference of "
             f"the means (*test* Welch); *p adjusted* is corrected for the {_n_tests(analysis)} tests of this report "
@@ -327,7 +328,7 @@ def _lr_sensitivity(analysis: Analysis) -> str:
         f"For every set of cells that differ only in learning rate and seed ({s.min_lrs} or more learning rates): "
         "*LR sensitivity* (Wortsman et al. 2023) is the mean over the swept learning rates of min(scored loss, "
         "loss at initialisation) minus the best of them, per seed, averaged over the seeds that have a result at "
-        f"every lr, with a {s.confidence:.0%} bootstrap interval; a failed training run counts one way whichever "
+        f"every lr, with a {s.confidence:.0%} interval ({MEAN_INTERVAL_RULE}); a failed training run counts one way whichever "
         f"way it failed: {SCORING_RULE}; 0 means the loss does not depend on the learning rate. "
         "*Best lr* minimises the mean of "
         "that clipped loss over seeds; *best loss* is its value there. The *basin* is the run of swept learning "
@@ -407,10 +408,11 @@ def _method(analysis: Analysis) -> str:
         "gradient norms at the last logged step where all are finite; init and mid-run values are in cells.csv.",
         "- **Residual RMS growth**: RMS of the residual stream after the last block divided by that after block 0, "
         "at the end of training.",
-        f"- **Intervals**: a group's own mean has a {s.confidence:.0%} percentile bootstrap interval over its "
-        f"completed seeds (scipy.stats.bootstrap, {s.n_resamples} resamples, seed {s.seed}), descriptive only: "
-        "below about 10 seeds it covers less than it claims (about 75% at 3 seeds, where it is the seeds' range); "
-        "with one seed there is none. A comparison's interval is the t interval of the same test whose p-value "
+        f"- **Intervals**: a group's own mean has a {s.confidence:.0%} interval over its completed seeds: "
+        f"Student's t interval below {BOOTSTRAP_MIN_VALUES} seeds, where a percentile bootstrap covers far less than "
+        "it claims (about 76% at 3 seeds, where it is the seeds' range, 90% at 10), and from there on the "
+        f"percentile bootstrap (scipy.stats.bootstrap, {s.n_resamples} resamples, seed {s.seed}); with one seed "
+        "there is none. A comparison's interval is the t interval of the same test whose p-value "
         "it reports, so the two never disagree.",
         "- **Comparisons**: paired by seed (the same seed gives the same initial weights and batches) over the seeds "
         "that completed in both groups, with a two-sided paired t-test on the per-seed differences; where the "

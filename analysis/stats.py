@@ -14,7 +14,9 @@ needs) and paired 0/1 outcomes (the exact McNemar test, with the pairs it needs)
 Only finished cells count: a `completed` cell contributes its final loss; a `diverged` cell
 has none and counts in the divergence rate instead; `failed` cells (a Python error, not a
 training result) and `running` cells are counted but enter no statistic. With fewer than two
-values there is no interval and no p-value: the result says so instead of a number.
+values there is no interval and no p-value: the result says so instead of a number. A mean over
+seeds has the t interval below BOOTSTRAP_MIN_VALUES seeds (a percentile bootstrap covers far
+less than it claims there) and the bootstrap from there on (mean_interval).
 """
 from __future__ import annotations
 
@@ -54,10 +56,37 @@ class Interval:
     confidence: float
 
 
+# A percentile bootstrap of a mean covers less than it claims with few units: on normal data a
+# 95% interval covered 76% of the time at 3 seeds, 84% at 5, 90% at 10 and 94% at 20 (2,000
+# samples of each size, 2,000 resamples each). Below this many values a mean gets the t interval
+# instead, which is exact for normal values at any n.
+BOOTSTRAP_MIN_VALUES = 20
+# The rule in words, for the report and the plots that show these intervals.
+MEAN_INTERVAL_RULE = (f"Student's t interval below {BOOTSTRAP_MIN_VALUES} seeds, a percentile bootstrap from "
+                      f"{BOOTSTRAP_MIN_VALUES} on")
+
+
+def mean_interval(values, confidence: float = DEFAULT_CONFIDENCE, n_resamples: int = DEFAULT_RESAMPLES,
+                  seed: int = DEFAULT_SEED) -> Interval | None:
+    """The interval of a mean over seeds: Student's t interval below BOOTSTRAP_MIN_VALUES values
+    (the one-sample t-test's own interval), the percentile bootstrap from there on;
+    interval_note says which. None for fewer than two values."""
+    values = np.asarray(values, dtype=float)
+    if values.size < 2:
+        return None
+    if not _varies(values):  # every value alike: no spread to put an interval on
+        return Interval(float(values.mean()), float(values.mean()), confidence)
+    if values.size < BOOTSTRAP_MIN_VALUES:
+        ci = scipy_stats.ttest_1samp(values, 0.0).confidence_interval(confidence)
+        return Interval(float(ci.low), float(ci.high), confidence)
+    return bootstrap_ci(values, confidence, n_resamples, seed)
+
+
 def bootstrap_ci(values, confidence: float = DEFAULT_CONFIDENCE, n_resamples: int = DEFAULT_RESAMPLES,
                  seed: int = DEFAULT_SEED) -> Interval | None:
     """Percentile bootstrap interval of the mean (scipy.stats.bootstrap); None for fewer
-    than two values, where any interval would be invented."""
+    than two values, where any interval would be invented. For a mean over seeds use
+    mean_interval: below BOOTSTRAP_MIN_VALUES this one covers less than it claims."""
     values = np.asarray(values, dtype=float)
     if values.size < 2:
         return None
@@ -297,7 +326,7 @@ def finished_values(cells: pd.DataFrame, value: str = VERDICT_VALUE) -> pd.DataF
 def group_stats(cells: pd.DataFrame, value: str = VERDICT_VALUE, confidence: float = DEFAULT_CONFIDENCE,
                 n_resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED) -> pd.DataFrame:
     """One row per group (in order of first appearance) from a cell_metrics frame: counts by
-    status, mean / std / bootstrap interval of `value` over completed seeds, the divergence
+    status, mean / std / interval (mean_interval) of `value` over completed seeds, the divergence
     rate (diverged / (completed + diverged)), and the mean of the other stability metrics
     (the training-loss mean `final_loss` among them)."""
     rows = []
@@ -306,7 +335,7 @@ def group_stats(cells: pd.DataFrame, value: str = VERDICT_VALUE, confidence: flo
         counts = {s: int((members["status"] == s).sum()) for s in (*FINISHED, RUNNING)}
         trained = sum(counts[s] for s in DONE)  # runs that trained to a result
         values = done[value].to_numpy(dtype=float)
-        interval = bootstrap_ci(values, confidence, n_resamples, seed)
+        interval = mean_interval(values, confidence, n_resamples, seed)
         row = {
             "group": group,
             "variant_id": members["variant_id"].iloc[0],
@@ -334,8 +363,10 @@ def group_stats(cells: pd.DataFrame, value: str = VERDICT_VALUE, confidence: flo
 
 
 def interval_note(n_values: int, confidence: float = DEFAULT_CONFIDENCE) -> str:
-    if n_values >= 2:
+    if n_values >= BOOTSTRAP_MIN_VALUES:
         return f"{confidence:.0%} bootstrap over {n_values} seeds"
+    if n_values >= 2:
+        return f"{confidence:.0%} t interval over {n_values} seeds"
     if n_values == 1:
         return "no interval: only one seed"
     return "no interval: no completed seed"
@@ -445,23 +476,6 @@ def _share_batches(cells: pd.DataFrame, group: str, baseline: str) -> bool:
             if str(a[key].iloc[0]) != str(b[key].iloc[0]):
                 return False
     return True
-
-
-def difference_ci(a, b, confidence: float = DEFAULT_CONFIDENCE, n_resamples: int = DEFAULT_RESAMPLES,
-                  seed: int = DEFAULT_SEED) -> Interval | None:
-    """Bootstrap interval of mean(a) - mean(b) for independent samples (each resampled on its
-    own); None when either side has fewer than two values."""
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if a.size < 2 or b.size < 2:
-        return None
-    if not (_varies(a) or _varies(b)):
-        diff = float(a.mean() - b.mean())
-        return Interval(diff, diff, confidence)
-    result = scipy_stats.bootstrap((a, b), lambda x, y, axis=-1: np.mean(x, axis=axis) - np.mean(y, axis=axis),
-                                   confidence_level=confidence, n_resamples=n_resamples, method="percentile",
-                                   rng=np.random.default_rng(seed))
-    ci = result.confidence_interval
-    return Interval(float(ci.low), float(ci.high), confidence)
 
 
 def t_interval(differences, confidence: float = DEFAULT_CONFIDENCE) -> Interval | None:

@@ -7,8 +7,9 @@ import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 
-from ablate.analysis.stats import (MAX_SEEDS, PAIRED, WELCH, adjust_p_values, bootstrap_ci, correct, discordant_pairs,
-                                   group_stats, holm, mcnemar_exact, mcnemar_pairs_for_power, one_sample_p_value,
+from ablate.analysis.stats import (BOOTSTRAP_MIN_VALUES, MAX_SEEDS, PAIRED, WELCH, Interval, adjust_p_values,
+                                   bootstrap_ci, correct, discordant_pairs, group_stats, holm, interval_note,
+                                   mcnemar_exact, mcnemar_pairs_for_power, mean_interval, one_sample_p_value,
                                    one_sided_power, one_sided_seeds_for_power, paired_comparison, paired_p_value,
                                    paired_power, seeds_for_power, tost, welch_p_value)
 
@@ -45,6 +46,20 @@ def test_bootstrap_interval_contains_the_mean_is_deterministic_and_is_scipys():
     assert (ci.low, ci.high) == pytest.approx((expected.low, expected.high))
     # the percentile interval of a mean lies within the sample's range
     assert values.min() <= ci.low and ci.high <= values.max()
+
+
+def test_a_mean_over_few_seeds_gets_the_t_interval_and_over_many_the_bootstrap():
+    few = np.array([2.51, 2.55, 2.60])
+    ci = mean_interval(few)
+    expected = scipy_stats.t.interval(0.95, df=2, loc=few.mean(), scale=scipy_stats.sem(few))
+    assert (ci.low, ci.high) == pytest.approx(expected)
+    # wider than the seeds' range, which a percentile bootstrap over 3 seeds cannot leave
+    assert ci.low < few.min() and ci.high > few.max()
+    assert interval_note(3) == "95% t interval over 3 seeds"
+    many = np.random.default_rng(0).normal(3.0, 0.1, size=BOOTSTRAP_MIN_VALUES)
+    assert mean_interval(many) == bootstrap_ci(many)
+    assert interval_note(BOOTSTRAP_MIN_VALUES) == f"95% bootstrap over {BOOTSTRAP_MIN_VALUES} seeds"
+    assert mean_interval([2.0, 2.0]) == Interval(2.0, 2.0, 0.95) and mean_interval([2.0]) is None
 
 
 def test_fewer_than_two_values_have_no_interval_and_no_p_value():

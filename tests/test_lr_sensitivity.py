@@ -13,7 +13,7 @@ from ablate.analysis.analyse import analyse
 from ablate.analysis.lr_sensitivity import (SENSITIVITY, analyse_sweep, compare_sensitivity, lr_curve, lr_sweeps,
                                             per_seed_sensitivity, sweep_cells)
 from ablate.analysis.report import render
-from ablate.analysis.stats import PAIRED, bootstrap_ci
+from ablate.analysis.stats import PAIRED, mean_interval
 
 PRE, POST = "pre.layernorm.gelu.dense.res", "post.layernorm.gelu.dense.res"
 LRS = [1e-4, 1e-3, 1e-2, 1e-1, 1.0]
@@ -74,7 +74,7 @@ def test_best_lr_basin_width_and_its_tolerance():
     frame = sweep_frame({0: [2.9, 2.50, 2.45, 2.53, 3.4], 1: [3.1, 2.60, 2.55, 2.63, 3.6]})
     sweep = one_sweep(frame)
     assert sweep.best_lr == 1e-2 and sweep.best_loss == pytest.approx(2.5) and sweep.best_for == 2
-    assert sweep.best_interval == bootstrap_ci([2.45, 2.55])
+    assert sweep.best_interval == mean_interval([2.45, 2.55])  # the t interval: 2 seeds
     assert sweep.basin == (1e-3, 1e-1) and sweep.basin_decades == pytest.approx(2.0) and not sweep.basin_open
     narrow = one_sweep(frame, tolerance=0.04)
     assert narrow.basin == (1e-2, 1e-2) and narrow.basin_decades == 0
@@ -82,7 +82,7 @@ def test_best_lr_basin_width_and_its_tolerance():
     expected = [np.mean([2.9, 2.50, 2.45, 2.53, 3.4]) - 2.45, np.mean([3.1, 2.60, 2.55, 2.63, 3.6]) - 2.55]
     assert list(sweep.per_seed[SENSITIVITY]) == pytest.approx(expected)
     assert sweep.sensitivity == pytest.approx(np.mean(expected))
-    ci = bootstrap_ci(sweep.per_seed[SENSITIVITY])
+    ci = mean_interval(sweep.per_seed[SENSITIVITY])
     assert (sweep.sensitivity_interval.low, sweep.sensitivity_interval.high) == pytest.approx((ci.low, ci.high))
 
 
