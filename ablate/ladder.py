@@ -51,7 +51,9 @@ def rungs_for(widths: list[int], ref_width: int, full: bool = False, full_width:
     """The rungs (without their rates yet), smallest first."""
     if full:
         top = full_width or 768
-        specs = [({**o}, o.get("width") or (top if o.get("model") else ref_width)) for o in FULL_RUNGS]
+        # The width set in every cell, the model's own too: a grid's base may name the claim's width.
+        widths = [o.get("width") or (top if o.get("model") else ref_width) for o in FULL_RUNGS]
+        specs = [({**o, "width": w}, w) for o, w in zip(FULL_RUNGS, widths)]
     else:
         specs = [({"width": w}, w) for w in widths]
     if len(specs) < MIN_RUNGS:
@@ -151,8 +153,23 @@ def read_grid_data(path: Path) -> dict:
     return data
 
 
+def without_own_widths(data: dict) -> dict:
+    """The grid file's data less its [[include]] entries that set a width (at any scale): a
+    rung sets every cell's width, so such cells (mlp-ratio's equal-parameter ones) would only
+    repeat others; the claim's reports that read them are left out of the rung too
+    (analysis.claims.claim_at_rung)."""
+    def keep(entries: list) -> list:
+        return [e for e in entries if not (isinstance(e, dict) and "width" in e)]
+
+    out = {k: (keep(v) if k == "include" and isinstance(v, list) else v) for k, v in data.items()}
+    if isinstance(out.get("scales"), dict):
+        out["scales"] = {name: {k: (keep(v) if k == "include" and isinstance(v, list) else v) for k, v in table.items()}
+                         if isinstance(table, dict) else table for name, table in out["scales"].items()}
+    return out
+
+
 def rung_grid_text(data: dict, rung: Rung, source: Path) -> str:
-    rung_data = scaled(data, rung.rates)
+    rung_data = scaled(without_own_widths(data), rung.rates)
     rung_data["name"] = f"{data.get('name', source.stem)}-{rung.name}"
     header = (f"Rung {rung.name} of a ladder over {source}: every learning rate x {rung.rate_factor:.4g} "
               f"(ablate/ladder.py's transfer rule); set in every cell: {rung.options or 'nothing'}.\n"

@@ -273,17 +273,34 @@ def check_against_grid(claim: Claim, cells: pd.DataFrame) -> None:
                                 f"{axis}, it needs at least {least}")
 
 
-def claim_at_rates(claim: Claim, rates: dict[float, float]) -> Claim:
-    """The claim with every `lr` its comparisons select mapped as `rates` says (a ladder's rung
-    runs the claim's grid at other rates: ablate/ladder.py)."""
-    def sel(d: dict | None) -> dict | None:
+def claim_at_rung(claim: Claim, rates: dict[float, float], ref_width: int | None = None,
+                  width: int | None = None) -> Claim:
+    """The claim as a ladder's rung runs it (ablate/ladder.py): every `lr` its comparisons select
+    mapped as `rates` says, and, where a selector names widths, the claim's own width
+    (`ref_width`) replaced by the rung's `width`: every cell of a rung has the rung's width, so a
+    report that names only other widths (mlp-ratio's equal-parameter cells) is left out of the
+    rung; a clause must name the claim's own width."""
+    def lr_of(d: dict | None) -> dict | None:
         if d is None or "lr" not in d:
             return d
         v = d["lr"]
         return {**d, "lr": [rates.get(float(x), x) for x in v] if isinstance(v, list) else rates.get(float(v), v)}
 
-    def cmp(c):
-        return replace(c, a=sel(c.a), b=sel(c.b), at=sel(c.at))
+    def width_of(d: dict | None) -> dict | None | bool:  # False: names no width the rung has
+        if d is None or "width" not in d or width is None:
+            return d
+        named = d["width"] if isinstance(d["width"], list) else [d["width"]]
+        return {**d, "width": width} if any(int(w) == ref_width for w in named) else False
 
-    clauses = tuple(replace(cl, compare=tuple(cmp(c) for c in cl.compare)) for cl in claim.clauses)
-    return replace(claim, clauses=clauses, report=tuple(cmp(c) for c in claim.report))
+    def cmp(c):
+        a, b, at = (width_of(lr_of(d)) for d in (c.a, c.b, c.at))
+        return None if False in (a, b, at) else replace(c, a=a, b=b, at=at)
+
+    clauses = []
+    for cl in claim.clauses:
+        mapped = tuple(cmp(c) for c in cl.compare)
+        if None in mapped:
+            raise ClaimError(f"{claim.path or claim.name}: clause {cl.label!r} names no width {ref_width}, the claim's "
+                             f"own: a ladder rung (width {width}) cannot run it")
+        clauses.append(replace(cl, compare=mapped))
+    return replace(claim, clauses=tuple(clauses), report=tuple(r for r in map(cmp, claim.report) if r is not None))

@@ -127,11 +127,12 @@ def evaluate_rungs(claim, out: Path, ladder: dict) -> list[dict]:
     """[{rung record, verdict, runs, metrics}] for every rung, smallest first."""
     from ablate.analysis.load import load_runs
     from ablate.analysis.metrics import cell_metrics
-    from ablate.analysis.claims import claim_at_rates
+    from ablate.analysis.claims import claim_at_rung
 
     rungs = []
     for record in ladder["rungs"]:
-        rung_claim = claim_at_rates(claim, {float(k): v for k, v in record["rates"].items()})
+        rung_claim = claim_at_rung(claim, {float(k): v for k, v in record["rates"].items()}, ladder.get("ref_width"),
+                                   record.get("width"))
         runs = load_runs(Path(out) / record["folder"])
         metrics = cell_metrics(runs)
         rungs.append({"record": record, "claim": rung_claim, "runs": runs, "metrics": metrics,

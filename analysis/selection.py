@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 # Selector keys that name a cell_metrics column of another name.
-COLUMN_OF = {"layers": "n_layer", "steps": "planned_steps"}
+COLUMN_OF = {"layers": "n_layer", "steps": "planned_steps", "width": "d_model"}
 
 
 class SelectionError(ValueError):

@@ -453,8 +453,11 @@ def test_each_claim_s_grid_expands_to_the_cells_its_declaration_names(name):
         if c.b is not None:
             b = frame[select(frame, c.selector("b"))]
             assert b["seed"].nunique() >= 2 and set(b["seed"]) == set(a["seed"]), (c.label, "b")
-            if MEASURES[c.measure].per_cell:  # the sides pair cell for cell
+            if MEASURES[c.measure].per_cell and not c.best_lr:  # the sides pair cell for cell
                 assert len(a) == len(b), c.label
+            if c.best_lr:  # each side's best rate is one of its own rates, and each rate has every seed
+                for side in (a, b):
+                    assert all(set(g["seed"]) == set(a["seed"]) for _, g in side.groupby("lr")), c.label
             if not MEASURES[c.measure].consumes:
                 assert not set(a["cell_id"]) & set(b["cell_id"]), c.label
             used |= set(b["cell_id"])

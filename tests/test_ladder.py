@@ -13,7 +13,7 @@ import tomllib
 import pytest
 
 from ablate.analysis import ladder as L
-from ablate.analysis.claims import claim_at_rates
+from ablate.analysis.claims import claim_at_rung
 from ablate.analysis.verdict import AGREES, CANNOT_TELL, DISAGREES
 from ablate.cli import main
 from ablate.errors import ConfigError
@@ -47,7 +47,7 @@ def test_a_claims_selected_rates_follow_its_rung():
     from ablate.commands.reproduce import find_claim
 
     claim = find_claim("qk-norm")
-    mapped = claim_at_rates(claim, {3e-2: 0.06, 1e-1: 0.2, 1e-3: 0.002, 1e-2: 0.02})
+    mapped = claim_at_rung(claim, {3e-2: 0.06, 1e-1: 0.2, 1e-3: 0.002, 1e-2: 0.02})
     assert mapped.clauses[0].compare[0].at["lr"] == [0.06, 0.2]
     assert claim.clauses[0].compare[0].at["lr"] == [3e-2, 1e-1]  # the claim itself is unchanged
 
@@ -66,6 +66,30 @@ def test_a_rung_grid_scales_every_rate_and_names_itself(tmp_path):
     written = tomllib.loads(text)
     assert written["name"] == "claim-prenorm-wins-w32"
     assert written["axes"]["lr"] == [0.002, 0.02, 0.06] and written["base"]["lr"] == 0.002
+
+
+def test_a_rung_leaves_out_the_equal_parameter_cells_and_the_reports_that_read_them():
+    from ablate.analysis.claims import ClaimError
+    from ablate.commands.reproduce import find_claim
+
+    data = ladder.read_grid_data(find_grid("claim-mlp-ratio"))
+    rung = ladder.with_rates(ladder.rungs_for([16, 32, 64], 64)[1], ladder.grid_rates(data))
+    written = tomllib.loads(ladder.rung_grid_text(data, rung, find_grid("claim-mlp-ratio")))
+    assert [e for e in written["include"] if "width" in e] == [] and written["include"]  # ratio 1's extra rate stays
+    assert written["scales"]["gpu"]["include"] == []
+    claim = find_claim("mlp-ratio")
+    at_rung = claim_at_rung(claim, rung.rates, ref_width=64, width=32)
+    assert all(c.at["width"] == 32 for cl in at_rung.clauses for c in cl.compare)
+    assert len(claim.report) == 3 and at_rung.report == ()  # the equal-parameter reports name only other widths
+    assert claim_at_rung(claim, rung.rates).report == claim.report  # no rung width: as the claim says
+    with pytest.raises(ClaimError, match="names no width 128"):
+        claim_at_rung(claim, rung.rates, ref_width=128, width=32)
+
+
+def test_every_full_rung_sets_its_width_in_every_cell():
+    rungs = ladder.rungs_for([], ref_width=384, full=True)
+    assert [r.options["width"] for r in rungs] == [192, 384, 768]
+    assert rungs[-1].options["model"] == "andrea-120m"
 
 
 # ---------------------------------------------------------------------------- bad input

@@ -80,7 +80,7 @@ class LadderPlan:
 
         from ablate.grid_runner import check_grid
         from ablate.grids import load_grid
-        from ablate.analysis.claims import claim_at_rates
+        from ablate.analysis.claims import claim_at_rung
         from ablate.ladder import rung_grid_text
         from ablate.commands.reproduce import check_claim_grid
 
@@ -95,7 +95,7 @@ class LadderPlan:
                 path.write_text(text)
                 grid = load_grid(path, self.scale, {**self.overrides, **rung.options}, self.imports_policy)
         check_grid(grid, self.out / rung.name)
-        check_claim_grid(claim_at_rates(self.claim, rung.rates), grid)
+        check_claim_grid(claim_at_rung(self.claim, rung.rates, self.ref_width, rung.width), grid)
         return grid
 
 
@@ -189,7 +189,7 @@ def run_ladder(plan: LadderPlan, options, quiet: bool) -> tuple[int, dict]:
     from ablate.analysis.claim_report import write_claim_report
     from ablate.analysis.ladder import write_ladder_report
     from ablate.grid_runner import run_grid
-    from ablate.analysis.claims import claim_at_rates
+    from ablate.analysis.claims import claim_at_rung
     from ablate.ladder import shift_toward_edges, with_rates
 
     worst, shift, record = 0, 1.0, []
@@ -214,7 +214,7 @@ def run_ladder(plan: LadderPlan, options, quiet: bool) -> tuple[int, dict]:
             print(f"  {rung.name}: {len(pending)} of {len(grid.cells)} cells not finished; the next rung's sweep is "
                   "placed from this one's results, so the ladder stops here: rerun it to follow up", flush=True)
             return max(worst, 1), {}
-        rung_claim = claim_at_rates(plan.claim, rung.rates)
+        rung_claim = claim_at_rung(plan.claim, rung.rates, plan.ref_width, rung.width)
         _, verdict = write_claim_report(rung_claim, folder)
         print(f"  {rung.name}: {verdict.text()}", flush=True)
         record.append({"name": rung.name, "options": rung.options, "width": rung.width,
