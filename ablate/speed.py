@@ -13,8 +13,9 @@ these widths cost more than its FLOPs; RATE: the rate of the FLOPs themselves), 
 validation batch's cost relative to a training step and a cell's fixed cost (building the
 model and data, the first steps' warm-up). It is cached in $ABLATE_CACHE/speed.json and reused
 while it describes the machine: the same CPU, cores, torch, thread count, within MAX_AGE_S, and
-a load average within LOAD_TOLERANCE of the one it was measured under. The load it finds when
-it runs is in its figures; what the grid's own workers add to it is `contention`.
+as many other processes running (within LOAD_TOLERANCE; counted now, not the lagging load
+average: competing_load) as when it was measured. The load it finds when it runs is in its
+figures; what the grid's own workers add to it is `contention`.
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ class Speed:
     eval_ratio: float  # one validation batch / one training step of the same shape
     cell_s: float  # per cell: build, data, warm-up
     threads: int
-    load: float  # the 1-minute load average when it was measured
+    load: float  # processes competing for the cores when it was measured (competing_load)
     measured_at: float
     machine: str
     calibration_s: float = 0.0
@@ -62,7 +63,7 @@ class Speed:
 
     def describe(self) -> str:
         return (f"calibrated on this machine {_ago(self.measured_at)} at {self.threads} thread"
-                f"{'s' if self.threads != 1 else ''}, load average {self.load:.1f}: per step "
+                f"{'s' if self.threads != 1 else ''}, {self.load:.1f} other processes running: per step "
                 f"{self.step_s * 1e3:.1f} ms + {self.block_s * 1e3:.1f} ms a block + FLOPs at "
                 f"{self.flops_per_s / 1e9:.1f} GFLOP/s, {self.cell_s:.1f} s a cell")
 
@@ -85,8 +86,28 @@ def machine() -> str:
     return f"{cpu} | {os.cpu_count()} cores | torch {torch.__version__} | python {platform.python_version()}"
 
 
-def load_average() -> float:
-    return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+LOAD_SAMPLES, LOAD_SAMPLE_GAP_S = 20, 0.01
+
+
+def competing_load() -> float:
+    """Processes competing for the cores now, besides this one. On Linux: the runnable tasks of
+    /proc/loadavg (its 4th field, which counts this process too) less one, averaged over
+    LOAD_SAMPLES readings LOAD_SAMPLE_GAP_S apart. Not the load average: it lags by a minute, so
+    just after a grid's workers stop it still counts them, and a calibration made then was taken
+    as made under load (estimates 2-3x too long, 2026-12-02). Elsewhere the 1-minute load
+    average less one."""
+    readings = []
+    for i in range(LOAD_SAMPLES):
+        try:
+            with open("/proc/loadavg") as f:
+                readings.append(int(f.read().split()[3].split("/")[0]))
+        except (OSError, ValueError, IndexError):
+            break
+        if i + 1 < LOAD_SAMPLES:
+            time.sleep(LOAD_SAMPLE_GAP_S)
+    if readings:
+        return max(0.0, sum(readings) / len(readings) - 1)
+    return max(0.0, os.getloadavg()[0] - 1) if hasattr(os, "getloadavg") else 0.0
 
 
 def contention(speed: Speed, workers: int, threads: int) -> float:
@@ -94,7 +115,7 @@ def contention(speed: Speed, workers: int, threads: int) -> float:
     did: it shared the cores with the load it found plus its own threads; the grid's workers
     add theirs. 1 on a quiet machine with a thread per core."""
     cores = os.cpu_count() or 1
-    other = max(0.0, speed.load - speed.threads)  # the load average counted the calibration in part
+    other = speed.load  # what else ran when it was measured
     return max(1.0, (other + workers * threads) / cores) / max(1.0, (other + speed.threads) / cores)
 
 
@@ -160,7 +181,7 @@ def calibrate(threads: int = 1) -> Speed:
     """Measure (about 5 s on a quiet 2-core machine; longer under load)."""
     import numpy as np
 
-    load = load_average()
+    load = competing_load()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         runs = [_timed_run(model, blocks, threads, Path(tmp)) for model, blocks in POINTS]
@@ -189,7 +210,7 @@ def _cached(threads: int) -> Speed | None:
         speed = Speed(**entry)
     except (OSError, ValueError, TypeError, AttributeError):
         return None
-    fresh = time.time() - speed.measured_at < MAX_AGE_S and abs(load_average() - speed.load) <= LOAD_TOLERANCE
+    fresh = time.time() - speed.measured_at < MAX_AGE_S and abs(competing_load() - speed.load) <= LOAD_TOLERANCE
     return speed if fresh and speed.machine == machine() else None
 
 

@@ -19,7 +19,7 @@ def measured(monkeypatch, tmp_path):
     monkeypatch.delenv(speed.SPEED_ENV, raising=False)  # conftest.py's yardstick for child processes
     monkeypatch.setenv("ABLATE_CACHE", str(tmp_path))
     state = {"load": 0.5, "calls": 0}
-    monkeypatch.setattr(speed, "load_average", lambda: state["load"])
+    monkeypatch.setattr(speed, "competing_load", lambda: state["load"])
 
     def calibrate(threads=1):
         state["calls"] += 1
@@ -83,10 +83,25 @@ def test_a_grid_estimate_shares_the_cells_among_the_workers():
 
 def test_contention_is_one_on_a_quiet_machine_and_grows_with_other_load(monkeypatch):
     monkeypatch.setattr(speed.os, "cpu_count", lambda: 2)
-    quiet = speed.Speed(0.01, 0.0, 1e9, 0.0, 0.0, 1, 1.0, 0.0, "m")  # the calibration's own thread
+    quiet = speed.Speed(0.01, 0.0, 1e9, 0.0, 0.0, 1, 0.0, 0.0, "m")  # nothing else ran
     assert speed.contention(quiet, 2, 1) == 1.0
-    busy = speed.Speed(0.01, 0.0, 1e9, 0.0, 0.0, 1, 5.0, 0.0, "m")  # 4 others: 2/5 of a core, then 2/6
+    busy = speed.Speed(0.01, 0.0, 1e9, 0.0, 0.0, 1, 4.0, 0.0, "m")  # 4 others: 2/5 of a core, then 2/6
     assert speed.contention(busy, 2, 1) == pytest.approx(6 / 5)
+
+
+def test_the_competing_load_counts_the_runnable_processes_besides_this_one(monkeypatch):
+    readings = iter(["0.50 0.40 0.30 1/90 7\n", "0.50 0.40 0.30 3/90 7\n"] * 10)
+    real_open = open
+
+    def fake_open(path, *args, **kwargs):
+        if path == "/proc/loadavg":
+            import io
+            return io.StringIO(next(readings))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", fake_open)
+    monkeypatch.setattr(speed, "LOAD_SAMPLE_GAP_S", 0.0)
+    assert speed.competing_load() == pytest.approx(1.0)  # readings 1 and 3, this process among them
 
 
 def test_a_real_calibration_measures_positive_figures(monkeypatch, tmp_path):
