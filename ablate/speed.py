@@ -120,12 +120,14 @@ def contention(speed: Speed, workers: int, threads: int) -> float:
 
 
 def reference(threads: int = 1) -> Speed:
-    """The cost model this replaced, as a Speed: fitted to 119 cells of an `ablate reproduce all
-    --quick` on this project's 2-core machine while other work shared it (so it leans high:
-    `prenorm-wins --quick` estimated 11.6 min, took 6 on a quiet machine). Not an estimate of
-    this machine; a fixed yardstick for the claims' size budgets (tests), where a measurement
-    would make the budget depend on the load of the day."""
-    return Speed(step_s=18.8 / 300, block_s=1.87 / 300, flops_per_s=float("inf"), eval_ratio=0.0, cell_s=9.3,
+    """A fixed yardstick, not an estimate of this machine: the claims' size budgets (tests) use
+    it, where a measurement would make the budget depend on the load of the day. Fitted
+    (non-negative least squares on this module's formula: steps x (STEP + BLOCK x blocks + FLOPs / RATE)
+    + evaluations) to the 229 completed cells of one `ablate reproduce all --quick` on this
+    project's 2-core machine with nothing else running, 2 workers of 1 thread (2026-12-02, 43 min
+    13 s): median error 7% a cell, each claim's total within 12% of its measured wall time. The
+    yardstick before it, fitted while other work shared the cores, read about 2x high."""
+    return Speed(step_s=1.82e-3, block_s=3.32e-3, flops_per_s=51.9e9, eval_ratio=0.12, cell_s=0.0,
                  threads=threads, load=0.0, measured_at=0.0, machine="reference")
 
 
