@@ -86,6 +86,21 @@ def test_a_rung_leaves_out_the_equal_parameter_cells_and_the_reports_that_read_t
         claim_at_rung(claim, rung.rates, ref_width=128, width=32)
 
 
+def test_a_clause_a_rung_cannot_run_is_refused_before_anything_runs(tmp_path):
+    from dataclasses import replace
+
+    from ablate.commands.ladder import LadderPlan
+    from ablate.commands.reproduce import find_claim
+
+    claim = find_claim("mlp-ratio")
+    first = claim.clauses[0]
+    elsewhere = replace(first, compare=tuple(replace(c, at={"width": 128}) for c in first.compare))
+    claim = replace(claim, clauses=(elsewhere, *claim.clauses[1:]))
+    with pytest.raises(ConfigError, match="names no width 64"):
+        LadderPlan(claim, find_grid("claim-mlp-ratio"), "cpu", {}, [16, 32, 64], False, "refuse", tmp_path / "l")
+    assert not (tmp_path / "l").exists()
+
+
 def test_every_full_rung_sets_its_width_in_every_cell():
     rungs = ladder.rungs_for([], ref_width=384, full=True)
     assert [r.options["width"] for r in rungs] == [192, 384, 768]

@@ -80,7 +80,7 @@ class LadderPlan:
 
         from ablate.grid_runner import check_grid
         from ablate.grids import load_grid
-        from ablate.analysis.claims import claim_at_rung
+        from ablate.analysis.claims import ClaimError, claim_at_rung
         from ablate.ladder import rung_grid_text
         from ablate.commands.reproduce import check_claim_grid
 
@@ -95,7 +95,11 @@ class LadderPlan:
                 path.write_text(text)
                 grid = load_grid(path, self.scale, {**self.overrides, **rung.options}, self.imports_policy)
         check_grid(grid, self.out / rung.name)
-        check_claim_grid(claim_at_rung(self.claim, rung.rates, self.ref_width, rung.width), grid)
+        try:
+            rung_claim = claim_at_rung(self.claim, rung.rates, self.ref_width, rung.width)
+        except ClaimError as e:  # a clause that names only other widths: one line, before anything runs
+            raise ConfigError(str(e)) from None
+        check_claim_grid(rung_claim, grid)
         return grid
 
 
