@@ -158,13 +158,15 @@ def without_own_widths(data: dict) -> dict:
     rung sets every cell's width, so such cells (mlp-ratio's equal-parameter ones) would only
     repeat others; the claim's reports that read them are left out of the rung too
     (analysis.claims.claim_at_rung)."""
-    def keep(entries: list) -> list:
-        return [e for e in entries if not (isinstance(e, dict) and "width" in e)]
+    def without(table: dict) -> dict:
+        entries = table.get("include")
+        if not isinstance(entries, list):
+            return table
+        return {**table, "include": [e for e in entries if not (isinstance(e, dict) and "width" in e)]}
 
-    out = {k: (keep(v) if k == "include" and isinstance(v, list) else v) for k, v in data.items()}
+    out = without(data)
     if isinstance(out.get("scales"), dict):
-        out["scales"] = {name: {k: (keep(v) if k == "include" and isinstance(v, list) else v) for k, v in table.items()}
-                         if isinstance(table, dict) else table for name, table in out["scales"].items()}
+        out["scales"] = {name: without(t) if isinstance(t, dict) else t for name, t in out["scales"].items()}
     return out
 
 
