@@ -52,8 +52,8 @@ def rungs_for(widths: list[int], ref_width: int, full: bool = False, full_width:
     if full:
         top = full_width or 768
         # The width set in every cell, the model's own too: a grid's base may name the claim's width.
-        widths = [o.get("width") or (top if o.get("model") else ref_width) for o in FULL_RUNGS]
-        specs = [({**o, "width": w}, w) for o, w in zip(FULL_RUNGS, widths)]
+        full_widths = [o.get("width") or (top if o.get("model") else ref_width) for o in FULL_RUNGS]
+        specs = [({**o, "width": w}, w) for o, w in zip(FULL_RUNGS, full_widths)]
     else:
         specs = [({"width": w}, w) for w in widths]
     if len(specs) < MIN_RUNGS:

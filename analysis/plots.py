@@ -621,8 +621,8 @@ def plot_final_loss(metrics: pd.DataFrame, group_table: pd.DataFrame, out_dir: P
     # The legend goes under the axes (by _finish), never on the points or the unigram label.
     _finish(fig, [ax], "Final validation loss per group: mean and 95% interval across seeds", spec)
     caption = ("Final validation loss (the held-out set at the end of training) per group: the mean with its 95% "
-               f"interval ({MEAN_INTERVAL_RULE}), each completed seed as a circle, each diverged seed as a red x; the dotted "
-               "line is the corpus's unigram entropy.")
+               f"interval ({MEAN_INTERVAL_RULE}), each completed seed as a circle, each diverged seed as a red x; "
+               "the dotted line is the corpus's unigram entropy.")
     return Plot(name, fig, _save(fig, out_dir, name, dpi), caption)
 
 

@@ -25,8 +25,8 @@ from ablate.analysis.load import FINISHED
 from ablate.analysis.lr_sensitivity import sweep_table
 from ablate.analysis.metrics import MAD_TO_STD
 from ablate.analysis.outcomes import PLATEAU_MARGIN, SCORING_RULE
-from ablate.analysis.stats import (BOOTSTRAP_MIN_VALUES, CONTROLS, CORRECTION_SHORT, CORRECTIONS, MEAN_INTERVAL_RULE, divergence_sentence,
-                                   format_p)
+from ablate.analysis.stats import (BOOTSTRAP_MIN_VALUES, CONTROLS, CORRECTION_SHORT, CORRECTIONS, MEAN_INTERVAL_RULE,
+                                   divergence_sentence, format_p)
 from ablate.analysis.safe_files import replace_atomic
 from ablate.rundir import COMPLETED, DIVERGED, FAILED, RUNNING
 
@@ -250,9 +250,9 @@ def _results(analysis: Analysis) -> str:
     s = analysis.settings
     text = ["## Results",
             "Final val loss is the validation loss on the held-out set at the end of training (nats), averaged over "
-            f"completed seeds with a {s.confidence:.0%} interval ({MEAN_INTERVAL_RULE}); *train loss* is the mean training loss "
-            f"of the last {s.last_k} logged steps. Δ is the group minus its baseline in final val loss (negative = "
-            "lower than the baseline), paired by seed where the seeds pair (*test* paired), else the difference of "
+            f"completed seeds with a {s.confidence:.0%} interval ({MEAN_INTERVAL_RULE}); *train loss* is the mean "
+            f"training loss of the last {s.last_k} logged steps. Δ is the group minus its baseline in final val loss "
+            "(negative = lower than the baseline), paired by seed where the seeds pair (*test* paired), else the difference of "
             f"the means (*test* Welch); *p adjusted* is corrected for the {_n_tests(analysis)} tests of this report "
             f"together ({CORRECTIONS[s.correction]}). Diverged seeds have no final loss and are counted under "
             "*diverged*. The same numbers, unrounded, are in `summary.csv` (per cell: `cells.csv`).",
@@ -328,8 +328,8 @@ def _lr_sensitivity(analysis: Analysis) -> str:
         f"For every set of cells that differ only in learning rate and seed ({s.min_lrs} or more learning rates): "
         "*LR sensitivity* (Wortsman et al. 2023) is the mean over the swept learning rates of min(scored loss, "
         "loss at initialisation) minus the best of them, per seed, averaged over the seeds that have a result at "
-        f"every lr, with a {s.confidence:.0%} interval ({MEAN_INTERVAL_RULE}); a failed training run counts one way whichever "
-        f"way it failed: {SCORING_RULE}; 0 means the loss does not depend on the learning rate. "
+        f"every lr, with a {s.confidence:.0%} interval ({MEAN_INTERVAL_RULE}); a failed training run counts one way "
+        f"whichever way it failed: {SCORING_RULE}; 0 means the loss does not depend on the learning rate. "
         "*Best lr* minimises the mean of "
         "that clipped loss over seeds; *best loss* is its value there. The *basin* is the run of swept learning "
         f"rates around the best whose mean loss stays within {s.basin_tolerance:g} nats of the best, in decades "

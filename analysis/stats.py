@@ -77,8 +77,7 @@ def mean_interval(values, confidence: float = DEFAULT_CONFIDENCE, n_resamples: i
     if not _varies(values):  # every value alike: no spread to put an interval on
         return Interval(float(values.mean()), float(values.mean()), confidence)
     if values.size < BOOTSTRAP_MIN_VALUES:
-        ci = scipy_stats.ttest_1samp(values, 0.0).confidence_interval(confidence)
-        return Interval(float(ci.low), float(ci.high), confidence)
+        return t_interval(values, confidence)
     return bootstrap_ci(values, confidence, n_resamples, seed)
 
 
