@@ -252,8 +252,8 @@ def _results(analysis: Analysis) -> str:
             "Final val loss is the validation loss on the held-out set at the end of training (nats), averaged over "
             f"completed seeds with a {s.confidence:.0%} interval ({MEAN_INTERVAL_RULE}); *train loss* is the mean "
             f"training loss of the last {s.last_k} logged steps. Δ is the group minus its baseline in final val loss "
-            "(negative = lower than the baseline), paired by seed where the seeds pair (*test* paired), else the difference of "
-            f"the means (*test* Welch); *p adjusted* is corrected for the {_n_tests(analysis)} tests of this report "
+            "(negative = lower than the baseline), paired by seed where the seeds pair (*test* paired), else the "
+            f"difference of the means (*test* Welch); *p adjusted* is corrected for the {_n_tests(analysis)} tests of this report "
             f"together ({CORRECTIONS[s.correction]}). Diverged seeds have no final loss and are counted under "
             "*diverged*. The same numbers, unrounded, are in `summary.csv` (per cell: `cells.csv`).",
             _table(RESULT_COLUMNS, results_rows(summary))]
