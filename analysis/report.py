@@ -253,9 +253,9 @@ def _results(analysis: Analysis) -> str:
             f"completed seeds with a {s.confidence:.0%} interval ({MEAN_INTERVAL_RULE}); *train loss* is the mean "
             f"training loss of the last {s.last_k} logged steps. Δ is the group minus its baseline in final val loss "
             "(negative = lower than the baseline), paired by seed where the seeds pair (*test* paired), else the "
-            f"difference of the means (*test* Welch); *p adjusted* is corrected for the {_n_tests(analysis)} tests of this report "
-            f"together ({CORRECTIONS[s.correction]}). Diverged seeds have no final loss and are counted under "
-            "*diverged*. The same numbers, unrounded, are in `summary.csv` (per cell: `cells.csv`).",
+            f"difference of the means (*test* Welch); *p adjusted* is corrected for the {_n_tests(analysis)} tests "
+            f"of this report together ({CORRECTIONS[s.correction]}). Diverged seeds have no final loss and are counted "
+            "under *diverged*. The same numbers, unrounded, are in `summary.csv` (per cell: `cells.csv`).",
             _table(RESULT_COLUMNS, results_rows(summary))]
     running = int(summary["n_running"].sum())
     failed = int(summary["n_failed"].sum())
