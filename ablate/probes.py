@@ -65,6 +65,11 @@ class Probes:
         self._before: list[torch.Tensor] | None = None
         self._weight_sq: torch.Tensor | None = None
         self._copied = False  # before_step ran for the step being collected
+        self.norms: list[torch.Tensor] | None = None  # grad_norms()'s per-parameter norms, last call
+        # Whether those are the norms torch's clip_grad_norm_ would compute (one group: it
+        # groups gradients by device and dtype, then takes one _foreach_norm per group).
+        self.norms_clip = len({(p.device, p.dtype) for p in self.params}) == 1 and \
+            len(self.params) == len(list(model.parameters()))
         self.names = self._names()
         self.update_names = [f"update_ratio/layer_{i}" for i in range(self.n_layer)]
 
@@ -81,7 +86,8 @@ class Probes:
     def grad_norms(self) -> torch.Tensor:
         """[total, embed, layer_0..L-1, layer_i/kind...] as one device tensor."""
         grads = [p.grad for p in self.params]
-        sq = torch.stack(torch._foreach_norm(grads)).float().square()
+        self.norms = torch._foreach_norm(grads)
+        sq = torch.stack(self.norms).float().square()
         per_bucket = torch.zeros(self.n_buckets, device=sq.device).index_add_(0, self.bucket, sq)
         kinds = per_bucket[1:-1].view(self.n_layer, 3)
         return torch.cat([sq.sum().view(1), per_bucket[:1], kinds.sum(1), kinds.flatten()]).sqrt()

@@ -578,12 +578,23 @@ def _train_step(plan: RunPlan, model: GPT, forward, opt, probes: Probes | None, 
         probes.before_step()
         stability = probes.stability.measure(x, logits)  # before the optimizer step: at this forward's weights
     if cfg.grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        clip_gradients(model, cfg.grad_clip, probes.norms if logged and probes.norms_clip else None)
     opt.step()
     opt.zero_grad(set_to_none=True)
     if not logged:
         return loss.item(), {}
     return probes.collect(loss, grad_norms, model.act_norms, x.numel() * plan.size.d_model, stability)
+
+
+def clip_gradients(model: GPT, max_norm: float, norms: list[torch.Tensor] | None = None) -> None:
+    """torch's clip_grad_norm_. `norms`: every gradient's norm, as the probes just computed them
+    (the same _foreach_norm over the same gradients in the same order): the total is taken from
+    them instead of computing them a second time, to the same bits (tested)."""
+    if norms is None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        return
+    total = torch.linalg.vector_norm(torch.stack(norms), 2.0)  # as torch.nn.utils.get_total_norm
+    torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, total)
 
 
 def _finish(run_dir: Path, state: RunState, status: str, step: int, elapsed: float) -> dict:

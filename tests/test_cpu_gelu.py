@@ -1,6 +1,7 @@
 """The fused CPU tanh-GELU (ablate/kernels/cpu_gelu.py): parity with the float64 reference,
 bits that do not depend on the thread count, the fallback where it cannot be built, and runs
 that keep the form they started with."""
+import ctypes
 import json
 
 import pytest
@@ -64,6 +65,56 @@ def test_its_bits_do_not_depend_on_the_thread_count(threads):
         y.backward(dy)
         out.append((y.detach(), xf.grad))
     assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
+
+
+POLY_COPIES = [c for c in cpu_gelu.FORMS["poly"] if cpu_gelu._cpu_has(*c.needs)]
+
+
+@pytest.mark.skipif(len(POLY_COPIES) < 2 or cpu_gelu.library()[0] is None, reason="needs AVX-512 and AVX2 copies")
+def test_polys_copies_for_each_instruction_set_give_the_same_bits():
+    """`poly` is one form whichever vector width computes it: a run resumes on another CPU."""
+    torch.manual_seed(1)
+    x = torch.cat([torch.randn(50_000) * 4, torch.randn(5_000) * 30, torch.tensor([9.5, -9.5, 9.4999, 1e-38, -3e-39])])
+    dy = torch.randn_like(x)
+    outs = []
+    for copy in POLY_COPIES:
+        y, dx = torch.empty_like(x), torch.empty_like(x)
+        lib = cpu_gelu.library()[0]
+        n, threads = ctypes.c_int64(x.numel()), ctypes.c_int(1)
+        getattr(lib, f"gelu_tanh_fwd_{copy.isa}")(*(ctypes.c_void_p(t.data_ptr()) for t in (x, y)), n, threads)
+        getattr(lib, f"gelu_tanh_bwd_{copy.isa}")(*(ctypes.c_void_p(t.data_ptr()) for t in (x, dy, dx)), n, threads)
+        outs.append((y, dx))
+    assert all(torch.equal(a, b) for a, b in zip(outs[0], outs[1]))
+
+
+@pytest.mark.skipif("poly" not in cpu_gelu.available(), reason="no poly form here")
+def test_polys_gradient_is_the_functions_far_out():
+    """Past |x| = 9.5 the derivative is 1 or 0: no NaN from x^3 overflowing at 1e20."""
+    x = torch.tensor([1e20, -1e20, 50.0, -50.0, 9.6, -9.6]).requires_grad_()
+    with cpu_gelu.using("poly"):
+        cpu_gelu.gelu(x).sum().backward()
+    assert x.grad.tolist() == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+
+
+@pytest.mark.skipif("fused-avx2" not in cpu_gelu.available(), reason="no fused-avx2 form here")
+def test_a_run_started_on_the_older_kernel_resumes_on_it_bit_for_bit(tmp_path, monkeypatch):
+    """Runs made while `fused-avx2` was the best form keep it: `poly` is for new runs only."""
+    import ablate.train
+
+    monkeypatch.setattr(cpu_gelu, "best", lambda: "fused-avx2")  # a new run as before `poly`
+    assert main([*ARGS, "--out", str(tmp_path / "ref")]) == 0
+    with monkeypatch.context() as m:
+        m.setattr(ablate.train, "lr_at", _stop_after(2, ablate.train.lr_at, m))
+        assert main([*ARGS, "--out", str(tmp_path / "cut")]) == 130
+    monkeypatch.undo()
+    assert cpu_gelu.best() != "fused-avx2"
+    assert main([*ARGS, "--out", str(tmp_path / "cut")]) == 0
+    (config,) = (tmp_path / "cut").glob("*/config.json")
+    assert json.loads(config.read_text())["gelu_cpu"] == "fused-avx2"
+    assert rows(config.parent) == rows(next((tmp_path / "ref").iterdir()))
+    assert main([*ARGS, "--out", str(tmp_path / "new")]) == 0  # and a new run takes the best form
+    (new,) = (tmp_path / "new").glob("*/config.json")
+    assert json.loads(new.read_text())["gelu_cpu"] == cpu_gelu.best()
 
 
 def rows(run_dir):

@@ -165,6 +165,23 @@ def test_probes_on_and_off_give_identical_losses(tmp_path):
     assert on[-1]["val_loss"] == off[-1]["val_loss"]
 
 
+def test_clipping_with_the_probes_norms_gives_torchs_bits(tmp_path, monkeypatch):
+    """On logged steps the clip reuses the per-gradient norms the probes computed: the run is
+    bit for bit torch's clip_grad_norm_ (forced here), and with probes off, where it is used."""
+    clipped = {"steps": 6, "grad_clip": 0.05, "lr": 3e-2, "log_every": 2}  # small enough to clip every step
+    reused = run(tmp_path / "reused", **clipped)
+    real = ablate.train.clip_gradients
+    calls = []
+    monkeypatch.setattr(ablate.train, "clip_gradients", lambda m, c, norms=None: calls.append(norms) or real(m, c))
+    fresh = run(tmp_path / "fresh", **clipped)
+    assert [n is None for n in calls] == [False, True, False, True, False, True]  # logged steps had norms
+    assert [{k: v for k, v in r.items() if k not in ("time_s", "tokens_per_s")} for r in reused] == \
+        [{k: v for k, v in r.items() if k not in ("time_s", "tokens_per_s")} for r in fresh]
+    off = run(tmp_path / "off", probes=False, **clipped)
+    unclipped = run(tmp_path / "unclipped", **{**clipped, "grad_clip": 0.0})
+    assert [r["loss"] for r in off] == [r["loss"] for r in fresh] != [r["loss"] for r in unclipped]
+
+
 def test_probes_are_logged_exactly_on_the_logged_steps_divisible_by_probe_every(tmp_path):
     rows = run(tmp_path / "a", steps=8, probe_every=3)
     expected = {f"{p}layer_{i}" for p in ("attn_logit_max/", "attn_entropy/", "cos_sim/") for i in range(2)}

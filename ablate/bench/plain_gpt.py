@@ -10,6 +10,8 @@ section). nanoGPT's dropout layers are left out
 (dropout is 0 here, and a no-op module only slows the baseline down, which would flatter
 the harness). The optimizer is AdamW with fused=True, as the harness uses it on every
 device (nanoGPT fuses it on CUDA only; the CPU's default per-tensor AdamW is slower).
+Gradients are clipped to norm 1.0 every step, as nanoGPT's train.py does by default
+(`grad_clip = 1.0`; its GradScaler is disabled in float32 and left out).
 
 Nothing from ablate's model, kernels, probes or training loop is used here.
 """
@@ -22,6 +24,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+GRAD_CLIP = 1.0  # nanoGPT's train.py default
 
 
 class LayerNorm(nn.Module):
@@ -118,14 +122,16 @@ def get_batch(tokens: np.ndarray, batch_size: int, seq_len: int, device="cpu"):
 
 class PlainLoop:
     """nanoGPT's train.py loop over a PlainGPT, one iteration per `step()`: set the lr,
-    forward, fetch the next batch, backward, the optimizer step, zero the gradients, and read
+    forward, fetch the next batch, backward, clip the gradients' norm (nanoGPT's grad_clip,
+    1.0; 0 turns it off), the optimizer step, zero the gradients, and read
     the loss (.item(), as train.py does at log_interval 1, the harness's default logging).
     `step()` returns that iteration's seconds, so the bench can run it in lockstep with the
     harness's steps."""
 
     def __init__(self, size, tokens: np.ndarray, batch_size: int, lr: float, seed: int, device="cpu",
-                 weight_decay: float = 0.1, betas=(0.9, 0.95), gelu: str = "none"):
+                 weight_decay: float = 0.1, betas=(0.9, 0.95), gelu: str = "none", grad_clip: float = GRAD_CLIP):
         torch.manual_seed(seed)
+        self.grad_clip = grad_clip
         with torch.device(device):
             self.model = PlainGPT(size.vocab_size, size.context, size.d_model, size.n_layer, size.n_head, gelu)
         self.optimizer = configure_optimizer(self.model, lr, weight_decay, betas)
@@ -139,6 +145,8 @@ class PlainLoop:
         _, loss = self.model(*self.batch)
         self.batch = get_batch(self.tokens, self.batch_size, self.seq_len, self.device)
         loss.backward()
+        if self.grad_clip != 0.0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         loss.item()

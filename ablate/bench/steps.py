@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ablate.bench.plain_gpt import PlainLoop
+from ablate.bench.plain_gpt import GRAD_CLIP, PlainLoop
 from ablate.cell import Cell
 from ablate.config import OPTION_NAMES, OPTIONS
 from ablate.data import load_data
@@ -39,11 +39,13 @@ SAME_MATH = {"act": "gelu_erf"}
 
 WHAT_IS_TIMED = """\
 plain:          nanoGPT's model and loop (ablate/bench/plain_gpt.py), one iteration: set lr,
-                forward, fetch the next batch, backward, fused AdamW, zero_grad, loss.item();
+                forward, fetch the next batch, backward, clip the gradients' norm to 1.0 (nanoGPT's
+                default), fused AdamW, zero_grad, loss.item();
                 "tanh" with GPT-2's GELU (the harness's default block), "erf" with nanoGPT's own;
                 each run one step after each harness step, in lockstep
 harness logged: the tokens_per_s the harness writes to metrics.jsonl: its step (set lr, batch,
-                forward, backward, probes, fused AdamW step, zero_grad, loss to the host)
+                forward, backward, probes, the same clip, fused AdamW step, zero_grad, loss to
+                the host)
 harness period: the time between consecutive metrics.jsonl time_s, less the plain steps run in
                 between: the logged step plus the per-step bookkeeping around it (writing the
                 metrics line, divergence and checkpoint checks)
@@ -126,7 +128,8 @@ def harness_options(model: str, layers: int | None, steps: int, probes: bool, th
     where it declares them, so the bench keeps working while the option table grows."""
     options = {"model": model, "layers": layers, "steps": steps, "batch_size": BATCH, "lr": LR, "seed": SEED,
                "schedule": "constant", "eval_every": steps, "eval_batches": 1, "checkpoint_every": steps,
-               "log_every": 1, "probes": probes, "device": device, "threads": threads, "kernels": "auto", **extra}
+               "log_every": 1, "probes": probes, "device": device, "threads": threads, "kernels": "auto",
+               "grad_clip": GRAD_CLIP, **extra}  # both loops clip, as nanoGPT's does
     if "final_eval_batches" in OPTION_NAMES:  # the run ends with one validation batch, as the plain loop has none
         options["final_eval_batches"] = 1
     return options

@@ -1,6 +1,7 @@
-"""GPT-2's tanh-GELU on the CPU in one pass forward and one backward: a small C kernel
-(cpu/gelu_tanh.c) built with the system's C compiler at first use and cached, called through
-ctypes; the reference backend's `gelu` on float32 CPU tensors (ablate/kernels/reference.py).
+"""GPT-2's tanh-GELU on the CPU in one pass forward and one backward: small C kernels
+(cpu/gelu_tanh_poly.c, cpu/gelu_tanh.c) built with the system's C compiler at first use and
+cached, called through ctypes; the reference backend's `gelu` on float32 CPU tensors
+(ablate/kernels/reference.py).
 
 Why: torch's CPU tanh-GELU is four elementwise passes forward and five backward in the form
 variants/activations.py uses (torch's own kernel is slower still), while the erf GELU of
@@ -8,31 +9,60 @@ nanoGPT has one fused kernel; at the harness's CPU widths that gap was most of t
 block's deficit against nanoGPT's model (issue #29).
 
 Forms. Which code computed a run's GELU is part of its bits, so a run records its form
-(config.json `gelu_cpu`) and keeps it when resumed (ablate.train):
-  fused-avx2  the kernel compiled for AVX2 + FMA (8 floats a vector), on CPUs that have them
-  fused-sse2  the same kernel for x86-64's baseline (4 a vector)
+(config.json `gelu_cpu`) and keeps it when resumed (ablate.train). Best first:
+  poly        gelu_tanh_poly.c: its own inlined exponential, IEEE operations and explicit
+              fused multiply-adds, so its AVX-512 and AVX2 copies give the same bits (the
+              faster one the CPU has is used); on CPUs with FMA
+  fused-avx2  gelu_tanh.c (glibc's vector expf, fast math) for AVX2 + FMA: the default of the
+              runs made before `poly`, kept so that they resume on their own bits
+  fused-sse2  the same for x86-64's baseline (4 floats a vector)
   passes      variants/activations.py's torch ops: the fallback where no kernel builds (no C
-              compiler, another architecture), and the form of every run made before this one
+              compiler, another architecture), and the form of every run made before the kernels
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("cpu") / "gelu_tanh.c"
+SOURCES = Path(__file__).with_name("cpu")
 PASSES = "passes"
-# form -> the compiler flags of its copy (-ffast-math lets GCC call glibc's vector expf).
-ISAS = {"fused-avx2": ("avx2", ["-mavx2", "-mfma"]), "fused-sse2": ("sse2", [])}
-COMMON = ["-O3", "-ffast-math", "-fopenmp", "-fPIC"]
+# -ffast-math lets GCC call glibc's vector expf; the poly copies keep IEEE semantics (no
+# contraction: every fused multiply-add is an fmaf in the source), only dropping errno and
+# trap-preserving code so that their selects vectorize.
+FAST = ["-O3", "-ffast-math", "-fopenmp", "-fPIC"]
+EXACT = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-fopenmp", "-fPIC"]
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One compiled copy of a kernel source: its symbol suffix, flags and the CPU flags it needs."""
+
+    isa: str
+    source: str
+    flags: tuple[str, ...]
+    needs: tuple[str, ...]
+
+
+AVX512 = ("-mavx512f", "-mavx512vl", "-mfma", "-mprefer-vector-width=512")
+# form -> its copies, fastest first: a machine computes a form with the first copy its CPU runs.
+FORMS = {
+    "poly": (Copy("poly_avx512", "gelu_tanh_poly.c", (*EXACT, *AVX512), ("avx512f", "avx512vl", "fma")),
+             Copy("poly_avx2", "gelu_tanh_poly.c", (*EXACT, "-mavx2", "-mfma"), ("avx2", "fma"))),
+    "fused-avx2": (Copy("avx2", "gelu_tanh.c", (*FAST, "-mavx2", "-mfma"), ("avx2", "fma")),),
+    "fused-sse2": (Copy("sse2", "gelu_tanh.c", FAST, ()),),
+}
+COPIES = [c for copies in FORMS.values() for c in copies]
 
 _lib: list = []  # [(ctypes library, why not) ], built or found once per process
 _form = [None]  # the form in use for the current run (None: the best available)
@@ -43,21 +73,22 @@ def _compiler() -> str | None:
 
 
 def _build(cc: str) -> Path:
-    """Compile every ISA copy into one shared library in $ABLATE_CACHE/kernels, named by the
-    hash of the source, the flags and the compiler's version (another compiler builds anew)."""
+    """Compile every copy into one shared library in $ABLATE_CACHE/kernels, named by the hash
+    of the sources, the flags and the compiler's version (another compiler builds anew)."""
     from ablate.data import cache_root
 
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
-    key = hashlib.sha256((SOURCE.read_text() + repr((COMMON, ISAS)) + version).encode()).hexdigest()[:16]
+    sources = "".join((SOURCES / name).read_text() for name in sorted({c.source for c in COPIES}))
+    key = hashlib.sha256((sources + repr(COPIES) + version).encode()).hexdigest()[:16]
     target = cache_root() / "kernels" / f"gelu_tanh-{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         objects = []
-        for isa, flags in ISAS.values():
-            obj = Path(tmp) / f"{isa}.o"
-            subprocess.run([cc, *COMMON, *flags, f"-DISA={isa}", "-c", str(SOURCE), "-o", str(obj)],
+        for copy in COPIES:
+            obj = Path(tmp) / f"{copy.isa}.o"
+            subprocess.run([cc, *copy.flags, f"-DISA={copy.isa}", "-c", str(SOURCES / copy.source), "-o", str(obj)],
                            check=True, capture_output=True, timeout=300)
             objects.append(str(obj))
         # Linked without -ffast-math: GCC before 13 would add crtfastmath.o, which turns on
@@ -78,8 +109,8 @@ def library():
         else:
             try:
                 lib = ctypes.CDLL(str(_build(cc)))
-                for isa, _ in ISAS.values():
-                    for name in (f"gelu_tanh_fwd_{isa}", f"gelu_tanh_bwd_{isa}"):
+                for copy in COPIES:
+                    for name in (f"gelu_tanh_fwd_{copy.isa}", f"gelu_tanh_bwd_{copy.isa}"):
                         getattr(lib, name).restype = None
                 _lib.append((lib, None))
             except (OSError, subprocess.SubprocessError) as e:
@@ -88,23 +119,29 @@ def library():
     return _lib[0]
 
 
-def _cpu_has(*flags: str) -> bool:
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
     try:
         with open("/proc/cpuinfo") as f:
-            words = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+            return frozenset(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
     except OSError:
-        return False
-    return all(flag in words for flag in flags)
+        return frozenset()
+
+
+def _cpu_has(*flags: str) -> bool:
+    return all(flag in _cpu_flags() for flag in flags)
+
+
+def _copy_for(form: str) -> Copy | None:
+    """The fastest copy of `form` this CPU runs (None: none does)."""
+    return next((c for c in FORMS[form] if _cpu_has(*c.needs)), None)
 
 
 def available() -> list[str]:
     """The forms this machine can compute, best first (`passes` always)."""
-    forms = []
-    if library()[0] is not None:
-        if _cpu_has("avx2", "fma"):
-            forms.append("fused-avx2")
-        forms.append("fused-sse2")
-    return forms + [PASSES]
+    if library()[0] is None:
+        return [PASSES]
+    return [form for form in FORMS if _copy_for(form) is not None] + [PASSES]
 
 
 def best() -> str:
@@ -128,7 +165,7 @@ def current() -> str:
 
 def _call(kind: str, *tensors: torch.Tensor) -> None:
     lib = library()[0]
-    isa = ISAS[current()][0]
+    isa = _copy_for(current()).isa
     pointers = [ctypes.c_void_p(t.data_ptr()) for t in tensors]
     getattr(lib, f"gelu_tanh_{kind}_{isa}")(*pointers, ctypes.c_int64(tensors[0].numel()),
                                             ctypes.c_int(torch.get_num_threads()))
