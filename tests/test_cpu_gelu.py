@@ -181,3 +181,15 @@ def _stop_after(step, real, m):
         return real(s, *args, **kwargs)
 
     return lr_at
+
+
+def test_the_forms_bench_prints_every_form_and_torchs_gelus(capsys):
+    from ablate.kernels import cpu_gelu_bench
+
+    rows = cpu_gelu_bench.bench((4, 8), rounds=2, calls=2)
+    names = {name for name, _, _ in rows}
+    assert names == set(FUSED) | {"torch erf", "torch tanh"}
+    assert all(len(values) == 2 and min(values) > 0 for _, _, values in rows)
+    assert cpu_gelu_bench.main(["3", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "3 x 5 float32" in out and all(f"\n{name:<14} fwd" in out for name in names)
