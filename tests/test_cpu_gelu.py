@@ -1,7 +1,6 @@
 """The fused CPU tanh-GELU (ablate/kernels/cpu_gelu.py): parity with the float64 reference,
 bits that do not depend on the thread count, the fallback where it cannot be built, and runs
 that keep the form they started with."""
-import ctypes
 import json
 
 import pytest
@@ -79,10 +78,8 @@ def test_polys_copies_for_each_instruction_set_give_the_same_bits():
     outs = []
     for copy in POLY_COPIES:
         y, dx = torch.empty_like(x), torch.empty_like(x)
-        lib = cpu_gelu.library()[0]
-        n, threads = ctypes.c_int64(x.numel()), ctypes.c_int(1)
-        getattr(lib, f"gelu_tanh_fwd_{copy.isa}")(*(ctypes.c_void_p(t.data_ptr()) for t in (x, y)), n, threads)
-        getattr(lib, f"gelu_tanh_bwd_{copy.isa}")(*(ctypes.c_void_p(t.data_ptr()) for t in (x, dy, dx)), n, threads)
+        cpu_gelu._call("fwd", x, y, copy=copy)
+        cpu_gelu._call("bwd", x, dy, dx, copy=copy)
         outs.append((y, dx))
     assert all(torch.equal(a, b) for a, b in zip(outs[0], outs[1]))
 

@@ -163,9 +163,10 @@ def current() -> str:
     return _form[0] or best()
 
 
-def _call(kind: str, *tensors: torch.Tensor) -> None:
+def _call(kind: str, *tensors: torch.Tensor, copy: Copy | None = None) -> None:
+    """Run the `kind` ("fwd", "bwd") kernel of `copy` (default: the current form's fastest here)."""
     lib = library()[0]
-    isa = _copy_for(current()).isa
+    isa = (copy or _copy_for(current())).isa
     pointers = [ctypes.c_void_p(t.data_ptr()) for t in tensors]
     getattr(lib, f"gelu_tanh_{kind}_{isa}")(*pointers, ctypes.c_int64(tensors[0].numel()),
                                             ctypes.c_int(torch.get_num_threads()))
