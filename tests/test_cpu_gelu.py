@@ -190,3 +190,12 @@ def test_the_forms_bench_prints_every_form_and_torchs_gelus(capsys):
     assert cpu_gelu_bench.main(["3", "5"]) == 0
     out = capsys.readouterr().out
     assert "3 x 5 float32" in out and all(f"\n{name:<14} fwd" in out for name in names)
+
+
+@pytest.mark.parametrize("arg", ["abc", "0", "-3", "2.5"])
+def test_the_forms_bench_refuses_a_bad_dimension_in_one_line(arg, capsys):
+    from ablate.kernels import cpu_gelu_bench
+
+    assert cpu_gelu_bench.main(["4", arg]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and repr(arg) in captured.err

@@ -70,6 +70,11 @@ def bench(shape: tuple[int, ...], rounds: int = ROUNDS, calls: int = CALLS) -> l
 
 
 def main(argv: list[str]) -> int:
+    bad = [a for a in argv if not (a.isdigit() and int(a) > 0)]
+    if bad:
+        print(f"cpu_gelu_bench: {bad[0]!r} is not a dimension; valid: positive integers, the shape's "
+              "dimensions (default 16 64 256)", file=sys.stderr)
+        return 2
     shape = tuple(int(a) for a in argv) or (16, 64, 256)
     print(f"CPU tanh-GELU forms and torch's GELUs on {' x '.join(map(str, shape))} float32, 1 thread "
           f"(median of {ROUNDS} interleaved rounds of {CALLS} calls, and their range)")
