@@ -1,7 +1,7 @@
 """The base GPT, built from a block variant and a size.
 
 Read top to bottom: attention, the block (the variant's choices are made in
-`Block.__init__`), the model. Norms, activations and gated products run through `ops`, the
+`Block.__init__`), the model. Norms, activations, gated products and attention run through `ops`, the
 kernel backend, so kernels never touch this file. The initialisation is a registered scheme
 (ablate/variants/inits.py), applied once at the end of `GPT.__init__`.
 """
@@ -24,6 +24,7 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         assert size.d_model % size.n_head == 0, "d_model must divide into heads"
         self.n_head = size.n_head
+        self.ops = ops if ops is not None else get_backend("reference")
         self.c_attn = nn.Linear(size.d_model, 3 * size.d_model)  # q, k, v in one matmul
         self.c_proj = nn.Linear(size.d_model, size.d_model)
         # qk-norm: queries and keys normalised over each head's dimensions, one gain shared by
@@ -49,7 +50,7 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
-        y = F.scaled_dot_product_attention(*self.qkv(x), is_causal=True)
+        y = self.ops.attention(*self.qkv(x))  # causal
         return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
 

@@ -26,7 +26,7 @@ from ablate import fpmode, plugins
 from ablate.config import IDENTITY_KEYS, NOT_COMPARED, OPTIONS, TrainConfig
 from ablate.data import TokenData, load_data
 from ablate.errors import ConfigError
-from ablate.kernels import cpu_gelu, get_backend
+from ablate.kernels import cpu_attention, cpu_gelu, get_backend
 from ablate.model import GPT, build_model
 from ablate.probes import Probes
 from ablate.provenance import git_commit, versions
@@ -153,13 +153,17 @@ def check_data_fits(data: TokenData, seq_len: int) -> None:
                               f"{data.vocab_size}; valid: shards with token ids below {data.vocab_size}")
 
 
+# The CPU kernels whose form a run records and keeps: config.json key -> (kernel, what it computes).
+CPU_KERNELS = {"gelu_cpu": (cpu_gelu.KERNEL, "GELU"), "attention_cpu": (cpu_attention.KERNEL, "attention")}
+
+
 def run_config(cell, cfg: TrainConfig, size: ModelSize, data: TokenData, device: torch.device, kernels: str,
                params: int | None = None, threads: int | None = None, flush_denormal: bool | None = None,
-               subnormals_flushed: bool | None = None, gelu_cpu: str | None = None) -> dict:
+               subnormals_flushed: bool | None = None, cpu_forms: dict[str, str] | None = None) -> dict:
     """config.json. threads, flush_denormal: the values the run trains with (a resumed run's
     own); subnormals_flushed: what ablate.fpmode measured in the torch threads once they were set
-    (True in all, False in none, None mixed); gelu_cpu: the form of the CPU tanh-GELU
-    (ablate/kernels/cpu_gelu.py)."""
+    (True in all, False in none, None mixed); cpu_forms: the forms of the CPU kernels, by their
+    config.json keys (CPU_KERNELS)."""
     spec = cfg.spec
     flush = cfg.flush_denormal if flush_denormal is None else flush_denormal
     return {
@@ -180,7 +184,7 @@ def run_config(cell, cfg: TrainConfig, size: ModelSize, data: TokenData, device:
         "device": str(device),
         "dtype": str(autocast_dtype(cfg, device) or torch.float32).replace("torch.", ""),
         "subnormals_flushed": subnormals_flushed,
-        "gelu_cpu": gelu_cpu,
+        **{key: (cpu_forms or {}).get(key) for key in CPU_KERNELS},
         "versions": versions(),
         "git_commit": git_commit(),
         "plugins": plugins.records(),  # the code outside the package that defined values, with its sha256
@@ -275,21 +279,24 @@ def _flush_for(cell, cfg: TrainConfig, old: dict | None, run_dir: Path) -> bool:
     return recorded
 
 
-def _gelu_form_for(old: dict | None, run_dir: Path) -> str:
-    """The form of the CPU tanh-GELU to train with (ablate/kernels/cpu_gelu.py). It fixes the
-    GELU's last bits, so a run keeps the form it started with; a config.json without one was
-    written before the fused kernel, by the torch passes. A form this machine cannot compute
-    (no compiler, another CPU) is refused: the run would not continue on its own bits."""
-    from ablate.kernels import cpu_gelu
-
-    if old is None:
-        return cpu_gelu.best()
-    recorded = old.get("gelu_cpu") or cpu_gelu.PASSES
-    if recorded not in (here := cpu_gelu.available()):
-        raise ConfigError(f"{run_dir} holds a run whose GELU was computed as {recorded!r}, which this machine cannot "
-                          f"compute ({cpu_gelu.library()[1] or 'another CPU'}); valid here: {', '.join(here)}: "
-                          "resume it where it started, or remove that folder")
-    return recorded
+def _cpu_forms_for(old: dict | None, run_dir: Path) -> dict[str, str]:
+    """The forms of the CPU kernels to train with, by config.json key (ablate/kernels/cpu_build.py).
+    A form fixes its op's last bits, so a run keeps the forms it started with; a config.json
+    without one was written before that kernel, by its torch fallback. A form this machine
+    cannot compute (no compiler, another CPU) is refused: the run would not continue on its own
+    bits."""
+    forms = {}
+    for key, (kernel, what) in CPU_KERNELS.items():
+        if old is None:
+            forms[key] = kernel.best()
+            continue
+        recorded = old.get(key) or kernel.fallback
+        if recorded not in (here := kernel.available()):
+            raise ConfigError(f"{run_dir} holds a run whose {what} was computed as {recorded!r}, which this machine "
+                              f"cannot compute ({kernel.library()[1] or 'another CPU'}); valid here: "
+                              f"{', '.join(here)}: resume it where it started, or remove that folder")
+        forms[key] = recorded
+    return forms
 
 
 def check_existing_run(cell, run_dir: str | Path) -> None:
@@ -442,13 +449,15 @@ def train(cell, run_dir: str | Path, quiet: bool = True, plan: RunPlan | None = 
         plan = plan_run(cell, run_dir=run_dir)
     elif plan.run_dir != run_dir:
         raise ValueError(f"the plan was made for {plan.run_dir}, not {run_dir}: plan_run(cell, execution, run_dir)")
-    gelu = _gelu_form_for(plan.recorded, run_dir)
+    forms = _cpu_forms_for(plan.recorded, run_dir)
     outer_threads, outer_flush = torch.get_num_threads(), fpmode.main_thread_flushing()
     torch.set_num_threads(plan.threads)
     fpmode.apply(plan.flush)  # after the thread count: it reaches every thread the run will use
     try:
-        with cpu_gelu.using(gelu):
-            return _train(cell, plan, gelu, quiet, after_step)
+        with contextlib.ExitStack() as stack:
+            for key, (kernel, _) in CPU_KERNELS.items():
+                stack.enter_context(kernel.using(forms[key]))
+            return _train(cell, plan, forms, quiet, after_step)
     finally:
         # The next run in this process (a bench, a test, a grid worker's next cell) starts clean.
         torch.set_num_threads(outer_threads)
@@ -469,10 +478,10 @@ class RunState:
     val_loss: float | None = None
 
 
-def _train(cell, plan: RunPlan, gelu: str, quiet: bool, after_step: Callable[[], None] | None) -> dict:
+def _train(cell, plan: RunPlan, forms: dict[str, str], quiet: bool, after_step: Callable[[], None] | None) -> dict:
     """The training loop: set the lr, take a batch, step, evaluate, log, checkpoint."""
     cfg, data, device, run_dir = plan.cfg, plan.data, plan.device, plan.run_dir
-    model, opt = _build(cell, plan, gelu)
+    model, opt = _build(cell, plan, forms)
     state = _resume(plan, model, opt)
     probes = Probes(model, compiled=cfg.compile, autocast=(device.type, plan.amp)) if cfg.probes else None
     model.record_act_norms = cfg.probes
@@ -522,7 +531,7 @@ def _train(cell, plan: RunPlan, gelu: str, quiet: bool, after_step: Callable[[],
     return _finish(run_dir, state, status, step, time.perf_counter() - clock0)
 
 
-def _build(cell, plan: RunPlan, gelu: str) -> tuple[GPT, Any]:
+def _build(cell, plan: RunPlan, forms: dict[str, str]) -> tuple[GPT, Any]:
     """The model and its optimizer, and the run's config.json (written before the first step)."""
     cfg = plan.cfg
     torch.manual_seed(cfg.seed)  # the seed fixes the initial weights...
@@ -530,7 +539,7 @@ def _build(cell, plan: RunPlan, gelu: str) -> tuple[GPT, Any]:
     opt = make_optimizer(model, cfg)
     config = run_config(cell, cfg, plan.size, plan.data, plan.device, plan.ops.name,
                         params=sum(p.numel() for p in model.parameters()), threads=plan.threads,
-                        flush_denormal=plan.flush, subnormals_flushed=fpmode.flushing(), gelu_cpu=gelu)
+                        flush_denormal=plan.flush, subnormals_flushed=fpmode.flushing(), cpu_forms=forms)
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(plan.run_dir / CONFIG, config)
     return model, opt

@@ -9,7 +9,7 @@ import ablate.train as T
 from ablate import cell as cell_module
 from ablate.cell import Cell, CellOutcome, CellResources, check_id_fits, run_cell
 from ablate.errors import ConfigError
-from ablate.kernels import cpu_gelu
+from ablate.kernels import cpu_attention, cpu_gelu
 from ablate.rundir import CONFIG, FAILED, METRICS, SUMMARY, status, write_json_atomic
 from interrupting import interrupted_at
 
@@ -104,11 +104,11 @@ def test_a_failed_cell_is_recorded_then_tried_again_and_its_record_kept(tmp_path
 
 
 def test_an_older_run_folder_still_resumes(tmp_path, monkeypatch):
-    """A config.json written before identity_keys, plugins, the GELU form, subnormal flushing
-    and z_loss were recorded: resumed with what it trained with, and finished."""
+    """A config.json written before identity_keys, plugins, the GELU and attention forms,
+    subnormal flushing and z_loss were recorded: resumed with what it trained with, and finished."""
     cell, run_dir = interrupted(tmp_path, monkeypatch)
     config = json.loads((run_dir / CONFIG).read_text())
-    for key in ("identity_keys", "plugins", "gelu_cpu", "subnormals_flushed"):
+    for key in ("identity_keys", "plugins", "gelu_cpu", "attention_cpu", "subnormals_flushed"):
         config.pop(key)
     for key in ("flush_denormal", "z_loss"):
         config["train"].pop(key)
@@ -119,6 +119,7 @@ def test_an_older_run_folder_still_resumes(tmp_path, monkeypatch):
     resumed = json.loads((run_dir / CONFIG).read_text())
     assert resumed["train"]["flush_denormal"] is False  # as it trained before the option existed
     assert resumed["gelu_cpu"] == cpu_gelu.PASSES  # a config without one trained with the torch passes
+    assert resumed["attention_cpu"] == cpu_attention.SDPA  # ... and with torch's attention
     assert json.loads((run_dir / SUMMARY).read_text())["status"] == "completed"
 
 

@@ -98,20 +98,20 @@ def test_a_run_started_on_the_older_kernel_resumes_on_it_bit_for_bit(tmp_path, m
     """Runs made while `fused-avx2` was the best form keep it: `poly` is for new runs only."""
     import ablate.train
 
-    monkeypatch.setattr(cpu_gelu, "best", lambda: "fused-avx2")  # a new run as before `poly`
+    monkeypatch.setattr(cpu_gelu.KERNEL, "best", lambda: "fused-avx2")  # a new run as before `poly`
     assert main([*ARGS, "--out", str(tmp_path / "ref")]) == 0
     with monkeypatch.context() as m:
         m.setattr(ablate.train, "lr_at", _stop_after(2, ablate.train.lr_at, m))
         assert main([*ARGS, "--out", str(tmp_path / "cut")]) == 130
     monkeypatch.undo()
-    assert cpu_gelu.best() != "fused-avx2"
+    assert cpu_gelu.KERNEL.best() != "fused-avx2"
     assert main([*ARGS, "--out", str(tmp_path / "cut")]) == 0
     (config,) = (tmp_path / "cut").glob("*/config.json")
     assert json.loads(config.read_text())["gelu_cpu"] == "fused-avx2"
     assert rows(config.parent) == rows(next((tmp_path / "ref").iterdir()))
     assert main([*ARGS, "--out", str(tmp_path / "new")]) == 0  # and a new run takes the best form
     (new,) = (tmp_path / "new").glob("*/config.json")
-    assert json.loads(new.read_text())["gelu_cpu"] == cpu_gelu.best()
+    assert json.loads(new.read_text())["gelu_cpu"] == cpu_gelu.KERNEL.best()
 
 
 def rows(run_dir):
@@ -120,7 +120,7 @@ def rows(run_dir):
 
 
 def without_a_compiler(monkeypatch):
-    monkeypatch.setattr(cpu_gelu, "_lib", [(None, "no C compiler (a test)")])
+    monkeypatch.setattr(cpu_gelu.KERNEL, "_lib", [(None, "no C compiler (a test)")])
 
 
 def test_without_a_compiler_a_run_trains_with_the_passes_and_says_so(tmp_path, monkeypatch):

@@ -21,155 +21,30 @@ Forms. Which code computed a run's GELU is part of its bits, so a run records it
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import functools
-import hashlib
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-SOURCES = Path(__file__).with_name("cpu")
+from ablate.kernels.cpu_build import AVX512, AVX512_NEEDS, EXACT, FAST, Copy, CpuKernel, cpu_has, pointer
+
 PASSES = "passes"
-# -ffast-math lets GCC call glibc's vector expf; the poly copies keep IEEE semantics (no
-# contraction: every fused multiply-add is an fmaf in the source), only dropping errno and
-# trap-preserving code so that their selects vectorize.
-FAST = ["-O3", "-ffast-math", "-fopenmp", "-fPIC"]
-EXACT = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-fopenmp", "-fPIC"]
-
-
-@dataclass(frozen=True)
-class Copy:
-    """One compiled copy of a kernel source: its symbol suffix, flags and the CPU flags it needs."""
-
-    isa: str
-    source: str
-    flags: tuple[str, ...]
-    needs: tuple[str, ...]
-
-
-AVX512 = ("-mavx512f", "-mavx512vl", "-mfma", "-mprefer-vector-width=512")
 # form -> its copies, fastest first: a machine computes a form with the first copy its CPU runs.
 FORMS = {
-    "poly": (Copy("poly_avx512", "gelu_tanh_poly.c", (*EXACT, *AVX512), ("avx512f", "avx512vl", "fma")),
+    "poly": (Copy("poly_avx512", "gelu_tanh_poly.c", (*EXACT, *AVX512), AVX512_NEEDS),
              Copy("poly_avx2", "gelu_tanh_poly.c", (*EXACT, "-mavx2", "-mfma"), ("avx2", "fma"))),
     "fused-avx2": (Copy("avx2", "gelu_tanh.c", (*FAST, "-mavx2", "-mfma"), ("avx2", "fma")),),
     "fused-sse2": (Copy("sse2", "gelu_tanh.c", FAST, ()),),
 }
-COPIES = [c for copies in FORMS.values() for c in copies]
-
-_lib: list = []  # [(ctypes library, why not) ], built or found once per process
-_form = [None]  # the form in use for the current run (None: the best available)
-
-
-def _compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-
-
-def _build(cc: str) -> Path:
-    """Compile every copy into one shared library in $ABLATE_CACHE/kernels, named by the hash
-    of the sources, the flags and the compiler's version (another compiler builds anew)."""
-    from ablate.data import cache_root
-
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
-    sources = "".join((SOURCES / name).read_text() for name in sorted({c.source for c in COPIES}))
-    key = hashlib.sha256((sources + repr(COPIES) + version).encode()).hexdigest()[:16]
-    target = cache_root() / "kernels" / f"gelu_tanh-{key}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        objects = []
-        for copy in COPIES:
-            obj = Path(tmp) / f"{copy.isa}.o"
-            subprocess.run([cc, *copy.flags, f"-DISA={copy.isa}", "-c", str(SOURCES / copy.source), "-o", str(obj)],
-                           check=True, capture_output=True, timeout=300)
-            objects.append(str(obj))
-        # Linked without -ffast-math: GCC before 13 would add crtfastmath.o, which turns on
-        # flush-to-zero for the whole process when the library loads (ablate/fpmode.py owns that).
-        so = Path(tmp) / "lib.so"
-        subprocess.run([cc, "-shared", "-fopenmp", *objects, "-o", str(so), "-lmvec", "-lm"],
-                       check=True, capture_output=True, timeout=300)
-        os.replace(so, target)
-    return target
-
-
-def library():
-    """(the ctypes library, None) once built, or (None, why not)."""
-    if not _lib:
-        cc = _compiler()
-        if sys.platform != "linux" or os.uname().machine != "x86_64" or cc is None:
-            _lib.append((None, "needs Linux on x86-64 and a C compiler (CC, cc or gcc)"))
-        else:
-            try:
-                lib = ctypes.CDLL(str(_build(cc)))
-                for copy in COPIES:
-                    for name in (f"gelu_tanh_fwd_{copy.isa}", f"gelu_tanh_bwd_{copy.isa}"):
-                        getattr(lib, name).restype = None
-                _lib.append((lib, None))
-            except (OSError, subprocess.SubprocessError) as e:
-                detail = (getattr(e, "stderr", b"") or b"").decode(errors="replace")[:200] or e
-                _lib.append((None, f"the build failed ({type(e).__name__}: {detail})"))
-    return _lib[0]
-
-
-@functools.cache
-def _cpu_flags() -> frozenset[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return frozenset(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
-    except OSError:
-        return frozenset()
-
-
-def _cpu_has(*flags: str) -> bool:
-    return all(flag in _cpu_flags() for flag in flags)
-
-
-def _copy_for(form: str) -> Copy | None:
-    """The fastest copy of `form` this CPU runs (None: none does)."""
-    return next((c for c in FORMS[form] if _cpu_has(*c.needs)), None)
-
-
-def available() -> list[str]:
-    """The forms this machine can compute, best first (`passes` always)."""
-    if library()[0] is None:
-        return [PASSES]
-    return [form for form in FORMS if _copy_for(form) is not None] + [PASSES]
-
-
-def best() -> str:
-    return available()[0]
-
-
-@contextlib.contextmanager
-def using(form: str):
-    """Compute the CPU tanh-GELU in `form` (one of available()) while a run trains."""
-    old = _form[0]
-    _form[0] = form
-    try:
-        yield
-    finally:
-        _form[0] = old
-
-
-def current() -> str:
-    return _form[0] or best()
+KERNEL = CpuKernel("gelu_tanh", FORMS, PASSES, ("gelu_tanh_fwd", "gelu_tanh_bwd"), headers=("exp_poly.h",))
+COPIES = KERNEL.copies
+library, available, best, using, current = KERNEL.library, KERNEL.available, KERNEL.best, KERNEL.using, KERNEL.current
+_cpu_has = cpu_has
 
 
 def _call(kind: str, *tensors: torch.Tensor, copy: Copy | None = None) -> None:
     """Run the `kind` ("fwd", "bwd") kernel of `copy` (default: the current form's fastest here)."""
-    lib = library()[0]
-    isa = (copy or _copy_for(current())).isa
-    pointers = [ctypes.c_void_p(t.data_ptr()) for t in tensors]
-    getattr(lib, f"gelu_tanh_{kind}_{isa}")(*pointers, ctypes.c_int64(tensors[0].numel()),
-                                            ctypes.c_int(torch.get_num_threads()))
+    KERNEL.function(f"gelu_tanh_{kind}", copy)(*map(pointer, tensors), ctypes.c_int64(tensors[0].numel()),
+                                               ctypes.c_int(torch.get_num_threads()))
 
 
 class _GeluTanhFused(torch.autograd.Function):

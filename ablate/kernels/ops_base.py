@@ -378,6 +378,9 @@ class KernelBackend:
             return self.ref.gated(gate_act, gate, up)
         return self.ops.gated(gate, up, gate_act)
 
+    def attention(self, q, k, v):
+        return self.ref.attention(q, k, v)  # torch's flash kernels on a GPU
+
     @staticmethod
     def _autocast_fp32(x: torch.Tensor) -> bool:
         # Under CUDA autocast, torch runs layer_norm in float32 and returns float32; mirror it

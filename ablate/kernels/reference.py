@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ablate.kernels import cpu_gelu
+from ablate.kernels import cpu_attention, cpu_gelu
 from ablate.variants.registry import ACTIVATIONS
 
 
@@ -19,6 +19,12 @@ class ReferenceBackend:
 
     def gated(self, gate_act: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return self.activation(gate_act, gate) * up
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal self-attention, q, k, v and the output (B, heads, T, d_head)."""
+        if cpu_attention.handles(q, k, v):  # the same function in register tiles (cpu_attention.py)
+            return cpu_attention.attention(q, k, v)
+        return cpu_attention.reference(q, k, v)
 
     def layer_norm(self, x, weight, bias, eps: float) -> torch.Tensor:
         return F.layer_norm(x, x.shape[-1:], weight, bias, eps)

@@ -16,6 +16,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "exp_poly.h"
+
 /* Compiled once per instruction set (ablate/kernels/cpu_gelu.py): ISA names the copy. */
 #define CAT2(a, b) a##b
 #define CAT(a, b) CAT2(a, b)
@@ -30,27 +32,6 @@
  * 0 * x (x < 0: -0, and NaN at -inf, as torch's 0.5 x (1 + tanh u) gives); a NaN x fails both
  * tests and stays NaN through the formula. */
 #define TAIL 9.5f
-
-/* exp(v) for |v| <= 87: 2^n p(r), n = round(v / ln 2), r = v - n ln 2 (ln 2 in two parts,
- * Cody-Waite), p the Taylor polynomial to r^7 (|r| <= ln 2 / 2: relative error below 6e-9),
- * 2^n built in the exponent bits. */
-static inline float exp_poly(float v) {
-    float n = rintf(v * 1.44269504088896341f);
-    float r = fmaf(n, -0.693145751953125f, v);
-    r = fmaf(n, -1.428606765330187045e-06f, r);
-    float p = 1.98412698412698413e-4f;
-    p = fmaf(p, r, 1.38888888888888889e-3f);
-    p = fmaf(p, r, 8.33333333333333333e-3f);
-    p = fmaf(p, r, 4.16666666666666667e-2f);
-    p = fmaf(p, r, 1.66666666666666667e-1f);
-    p = fmaf(p, r, 0.5f);
-    p = fmaf(p, r, 1.0f);
-    p = fmaf(p, r, 1.0f);
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
 
 /* exp(-2u) for |v| <= TAIL, so sigmoid(2u) = 1 / (1 + exp(-2u)); the clamp keeps a NaN or
  * tail v's (unused) lane inside exp_poly's range. */

@@ -1,0 +1,288 @@
+/* Causal self-attention on the CPU (float32), forward and backward: the form `blocked`
+ * (ablate/kernels/cpu_attention.py).
+ *
+ * Why: at the harness's CPU widths (head dimension 16, context 64) torch's CPU flash kernel runs
+ * at about a tenth of the matmul peak and was a fifth of a `tiny` step (issue #29). Here each
+ * (batch, head) is packed once into zero-padded scratch (rows and columns to multiples of 16) and
+ * the products are computed in register tiles: ROWS query rows by 16 keys (scores), ROWS rows by
+ * 16 head dimensions (outputs and gradients); the softmax is exact (its row maximum subtracted),
+ * with the exponential of exp_poly.h; the backward recomputes the probabilities from the saved
+ * row maximum and sum, as flash attention does, instead of keeping T x T of them.
+ *
+ * Bits: built without fast math (IEEE operations, fused multiply-adds only where fmaf is
+ * written). Every sum runs in one fixed order: over the head dimension for a score, over keys
+ * in ascending order for an output or dq, over queries in ascending order for dk and dv, and a
+ * row's softmax sum in 16 lanes added in a fixed order; vectors only ever run across independent
+ * elements. So the AVX2 and AVX-512 copies give the same bits (tested), and so does any thread
+ * count: one thread computes a whole (batch, head).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+#include "exp_poly.h"
+
+#define CAT2(a, b) a##b
+#define CAT(a, b) CAT2(a, b)
+
+/* Query rows per register tile: enough independent accumulators to hide the fused multiply-add's
+ * latency, few enough to stay in registers (32 of 16 floats with AVX-512, 16 of 8 with AVX2). The
+ * tiling never changes an element's order of operations, so the copies' bits agree. */
+#ifdef __AVX512F__
+#define ROWS 8
+#else
+#define ROWS 4
+#endif
+#define LANES 16 /* keys or head dimensions per register tile */
+/* exp(v) below this is under 2^-126 (a subnormal): such a weight is 0, as a GPU's fast path and
+ * the harness's flush-to-zero make it, and a NaN still passes through (it fails the test). */
+#define EXP_FLOOR -87.0f
+
+typedef struct { int64_t b, h, t; } Strides; /* in floats; the head dimension's stride is 1 */
+
+static int64_t up16(int64_t n) { return (n + LANES - 1) / LANES * LANES; }
+
+/* dst[0..n) = src[0..n), a vector of LANES at a time: a head's row is 16-64 floats, too short
+ * for a call to memcpy to pay. */
+typedef float lanes_t __attribute__((vector_size(4 * LANES), aligned(4), may_alias)); /* a move, not math */
+
+static inline void copy_row(float *restrict dst, const float *restrict src, int64_t n) {
+    int64_t d = 0;
+    for (; d + LANES <= n; d += LANES) *(lanes_t *)(dst + d) = *(const lanes_t *)(src + d);
+    for (; d < n; d++) dst[d] = src[d];
+}
+
+/* Copy rows (t, 0..D) of one head into dst[t * Dp + d], zeros in the padding. */
+static void pack_rows(const float *restrict src, int64_t st, int64_t T, int64_t D, int64_t Tp, int64_t Dp,
+                      float *restrict dst) {
+    for (int64_t t = 0; t < Tp; t++) {
+        int64_t n = t < T ? D : 0;
+        copy_row(dst + t * Dp, src + t * st, n);
+        for (int64_t d = n; d < Dp; d++) dst[t * Dp + d] = 0.0f; /* rows past T, head padding */
+    }
+}
+
+/* The same, transposed: dst[d * Tp + t]. A transpose only moves data, so the AVX-512 copy may
+ * gather a column of LANES rows at a time. */
+static void pack_cols(const float *restrict src, int64_t st, int64_t T, int64_t D, int64_t Tp, int64_t Dp,
+                      float *restrict dst) {
+#ifdef __AVX512F__
+    __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                      _mm512_set1_epi32((int)st));
+    for (int64_t t0 = 0; t0 < Tp; t0 += LANES) {
+        int64_t left = T - t0;
+        __mmask16 valid = left >= LANES ? 0xFFFF : (left <= 0 ? 0 : (__mmask16)((1u << left) - 1));
+        for (int64_t d = 0; d < Dp; d++) {
+            __m512 col = _mm512_setzero_ps();
+            if (d < D && valid) col = _mm512_mask_i32gather_ps(col, valid, rows, src + t0 * st + d, 4);
+            _mm512_storeu_ps(dst + d * Tp + t0, col);
+        }
+    }
+#else
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t d = 0; d < D; d++) dst[d * Tp + t] = src[t * st + d];
+    for (int64_t d = 0; d < Dp; d++)
+        for (int64_t t = d < D ? T : 0; t < Tp; t++) dst[d * Tp + t] = 0.0f;
+#endif
+}
+
+/* out[r][c0 + l] = scale * sum_d a[r][d] bt[d][c0 + l] for ROWS rows of a (row stride Dp) and
+ * LANES columns of bt (row stride Tp), for every column tile up to `cols`. */
+static void tile_products(const float *a, const float *bt, int64_t Dp, int64_t Tp, int64_t cols, float scale,
+                          float *out) {
+    for (int64_t c0 = 0; c0 < cols; c0 += LANES) {
+        float acc[ROWS][LANES] = {{0}};
+        for (int64_t d = 0; d < Dp; d++) {
+            const float *b = bt + d * Tp + c0;
+            for (int r = 0; r < ROWS; r++)
+#pragma omp simd
+                for (int l = 0; l < LANES; l++) acc[r][l] = fmaf(a[r * Dp + d], b[l], acc[r][l]);
+        }
+        for (int r = 0; r < ROWS; r++)
+#pragma omp simd
+            for (int l = 0; l < LANES; l++) out[r * Tp + c0 + l] = acc[r][l] * scale;
+    }
+}
+
+/* out[r][d] = sum_{j < keys} w[r][j] x[j][d], j ascending, for ROWS rows of w (row stride Tp)
+ * and the Dp columns of x (row stride Dp); then out[r][d] *= mul[r] (NULL: 1). */
+static void weighted_rows(const float *w, const float *x, int64_t keys, int64_t Tp, int64_t Dp, float *out) {
+    for (int64_t d0 = 0; d0 < Dp; d0 += LANES) {
+        float acc[ROWS][LANES] = {{0}};
+        for (int64_t j = 0; j < keys; j++) {
+            const float *xj = x + j * Dp + d0;
+            for (int r = 0; r < ROWS; r++)
+#pragma omp simd
+                for (int l = 0; l < LANES; l++) acc[r][l] = fmaf(w[r * Tp + j], xj[l], acc[r][l]);
+        }
+        for (int r = 0; r < ROWS; r++) memcpy(out + r * Dp + d0, acc[r], sizeof acc[r]);
+    }
+}
+
+/* acc[j][d] += sum_r w[r][j] x[r][d], r ascending, for keys j < keys: the rows' share of dk or dv. */
+static void accumulate_cols(const float *restrict w, const float *restrict x, int64_t keys, int64_t Tp, int64_t Dp,
+                            float *restrict acc) {
+    for (int64_t d0 = 0; d0 < Dp; d0 += LANES) /* x's ROWS vectors stay in registers across the keys */
+        for (int64_t j = 0; j < keys; j++) {
+            float a[LANES]; /* in registers across the rows: one load and one store per tile */
+            memcpy(a, acc + j * Dp + d0, sizeof a);
+            for (int r = 0; r < ROWS; r++)
+#pragma omp simd
+                for (int l = 0; l < LANES; l++) a[l] = fmaf(w[r * Tp + j], x[r * Dp + d0 + l], a[l]);
+            memcpy(acc + j * Dp + d0, a, sizeof a);
+        }
+}
+
+/* A pairwise sum of the lanes (lane l + lane l + width, halving the width): a fixed order with
+ * a dependency chain of 4 additions, not 16. Overwrites `lane`. */
+static inline float lanes_sum(float *lane) {
+#pragma GCC unroll 4
+    for (int width = LANES / 2; width > 0; width /= 2)
+        for (int l = 0; l < width; l++) lane[l] += lane[l + width];
+    return lane[0];
+}
+
+static inline float lanes_max(float *lane) {
+#pragma GCC unroll 4
+    for (int width = LANES / 2; width > 0; width /= 2)
+        for (int l = 0; l < width; l++) lane[l] = lane[l + width] > lane[l] ? lane[l + width] : lane[l];
+    return lane[0];
+}
+
+/* The unnormalised softmax weights of the ROWS rows from i0, in place over their scores
+ * (keys beyond a row's own position get 0), with each row's maximum and sum when `m`/`sum` are
+ * written (forward) or read (backward, `from_stats`). */
+static void softmax_rows(float *s, int64_t i0, int64_t cols, int64_t Tp, float *m, float *sum, int from_stats) {
+    for (int r = 0; r < ROWS; r++) {
+        float *row = s + r * Tp;
+        int64_t i = i0 + r;
+        if (!from_stats) { /* the maximum in LANES lanes, then across them: exact in any order */
+            float top[LANES];
+            for (int l = 0; l < LANES; l++) top[l] = -INFINITY;
+            for (int64_t c0 = 0; c0 < cols; c0 += LANES)
+#pragma omp simd
+                for (int l = 0; l < LANES; l++) top[l] = (c0 + l <= i && row[c0 + l] > top[l]) ? row[c0 + l] : top[l];
+            m[r] = lanes_max(top);
+        }
+        float lane[LANES] = {0};
+        for (int64_t c0 = 0; c0 < cols; c0 += LANES)
+#pragma omp simd
+            for (int l = 0; l < LANES; l++) {
+                float v = row[c0 + l] - m[r], e = exp_poly(v < EXP_FLOOR ? EXP_FLOOR : v);
+                row[c0 + l] = (c0 + l > i || v < EXP_FLOOR) ? 0.0f : e;
+                lane[l] += row[c0 + l];
+            }
+        if (!from_stats) sum[r] = lanes_sum(lane);
+    }
+}
+
+/* Scratch floats one (batch, head) needs: forward 3 packed heads + ROWS score rows; backward
+ * 6 packed + 2 accumulators + 2 x ROWS rows. */
+static int64_t scratch_floats(int64_t Tp, int64_t Dp) { return 8 * Tp * Dp + 2 * ROWS * Tp + 2 * ROWS * Dp + Tp; }
+
+/* sum_d a[d] b[d] over Dp (a multiple of LANES) in LANES lanes, then pairwise across them. */
+static float row_dot(const float *a, const float *b, int64_t Dp) {
+    float lane[LANES] = {0};
+    for (int64_t d0 = 0; d0 < Dp; d0 += LANES)
+#pragma omp simd
+        for (int l = 0; l < LANES; l++) lane[l] = fmaf(a[d0 + l], b[d0 + l], lane[l]);
+    return lanes_sum(lane);
+}
+
+void CAT(attention_fwd_, ISA)(const float *q, const float *k, const float *v, const int64_t *strides,
+                              int64_t B, int64_t H, int64_t T, int64_t D, float scale, float *o, float *stats,
+                              int threads) {
+    Strides sq = {strides[0], strides[1], strides[2]}, sk = {strides[3], strides[4], strides[5]},
+            sv = {strides[6], strides[7], strides[8]};
+    int64_t Tp = up16(T), Dp = up16(D);
+#pragma omp parallel num_threads(threads)
+    {
+        float *buf = malloc(sizeof(float) * scratch_floats(Tp, Dp));
+        float *qp = buf, *kt = qp + Tp * Dp, *vp = kt + Tp * Dp, *s = vp + Tp * Dp, *out = s + ROWS * Tp;
+#pragma omp for schedule(static)
+        for (int64_t bh = 0; bh < B * H; bh++) {
+            int64_t b = bh / H, h = bh % H;
+            pack_rows(q + b * sq.b + h * sq.h, sq.t, T, D, Tp, Dp, qp);
+            pack_cols(k + b * sk.b + h * sk.h, sk.t, T, D, Tp, Dp, kt);
+            pack_rows(v + b * sv.b + h * sv.h, sv.t, T, D, Tp, Dp, vp);
+            float *st = stats + bh * T * 2;
+            for (int64_t i0 = 0; i0 < T; i0 += ROWS) {
+                int64_t keys = i0 + ROWS < T ? i0 + ROWS : T, cols = up16(keys);
+                float m[ROWS], sum[ROWS];
+                tile_products(qp + i0 * Dp, kt, Dp, Tp, cols, scale, s);
+                softmax_rows(s, i0, cols, Tp, m, sum, 0);
+                weighted_rows(s, vp, keys, Tp, Dp, out);
+                for (int r = 0; r < ROWS && i0 + r < T; r++) {
+                    float *dst = o + ((b * T + i0 + r) * H + h) * D;
+                    for (int64_t d = 0; d < D; d++) dst[d] = out[r * Dp + d] / sum[r];
+                    st[(i0 + r) * 2] = m[r];
+                    st[(i0 + r) * 2 + 1] = sum[r];
+                }
+            }
+        }
+        free(buf);
+    }
+}
+
+/* dq, dk, dv (B, T, H, D each) from the output's gradient `dout` (strides[9..11]). A row's
+ * D_i = sum_d dout[i][d] o[i][d] (= sum_j P[i][j] dP[i][j]) is summed over d in order. */
+void CAT(attention_bwd_, ISA)(const float *q, const float *k, const float *v, const float *dout,
+                              const int64_t *strides, int64_t B, int64_t H, int64_t T, int64_t D, float scale,
+                              const float *o, const float *stats, float *dq, float *dk, float *dv, int threads) {
+    Strides sq = {strides[0], strides[1], strides[2]}, sk = {strides[3], strides[4], strides[5]},
+            sv = {strides[6], strides[7], strides[8]}, sd = {strides[9], strides[10], strides[11]};
+    int64_t Tp = up16(T), Dp = up16(D);
+#pragma omp parallel num_threads(threads)
+    {
+        float *buf = malloc(sizeof(float) * scratch_floats(Tp, Dp));
+        float *qp = buf, *kp = qp + Tp * Dp, *kt = kp + Tp * Dp, *vt = kt + Tp * Dp, *dop = vt + Tp * Dp;
+        float *dkp = dop + Tp * Dp, *dvp = dkp + Tp * Dp, *p = dvp + Tp * Dp, *ds = p + ROWS * Tp;
+        float *dqrow = ds + ROWS * Tp, *dis = dqrow + ROWS * Dp;
+#pragma omp for schedule(static)
+        for (int64_t bh = 0; bh < B * H; bh++) {
+            int64_t b = bh / H, h = bh % H;
+            pack_rows(q + b * sq.b + h * sq.h, sq.t, T, D, Tp, Dp, qp);
+            pack_rows(k + b * sk.b + h * sk.h, sk.t, T, D, Tp, Dp, kp);
+            pack_cols(k + b * sk.b + h * sk.h, sk.t, T, D, Tp, Dp, kt);
+            pack_cols(v + b * sv.b + h * sv.h, sv.t, T, D, Tp, Dp, vt);
+            pack_rows(dout + b * sd.b + h * sd.h, sd.t, T, D, Tp, Dp, dop);
+            pack_rows(o + (b * T * H + h) * D, H * D, T, D, Tp, Dp, dkp); /* o, briefly */
+            for (int64_t t = 0; t < Tp; t++) dis[t] = row_dot(dop + t * Dp, dkp + t * Dp, Dp);
+            memset(dkp, 0, sizeof(float) * 2 * Tp * Dp); /* dkp and dvp */
+            const float *st = stats + bh * T * 2;
+            for (int64_t i0 = 0; i0 < T; i0 += ROWS) {
+                int64_t keys = i0 + ROWS < T ? i0 + ROWS : T, cols = up16(keys);
+                float m[ROWS], sum[ROWS];
+                const float *di = dis + i0;
+                for (int r = 0; r < ROWS; r++) { /* rows past T: zero gradients, finite weights */
+                    m[r] = i0 + r < T ? st[(i0 + r) * 2] : 0.0f;
+                    sum[r] = i0 + r < T ? st[(i0 + r) * 2 + 1] : 1.0f;
+                }
+                tile_products(qp + i0 * Dp, kt, Dp, Tp, cols, scale, p);
+                softmax_rows(p, i0, cols, Tp, m, sum, 1);
+                tile_products(dop + i0 * Dp, vt, Dp, Tp, cols, 1.0f, ds); /* dP */
+                for (int r = 0; r < ROWS; r++)
+#pragma omp simd
+                    for (int64_t j = 0; j < cols; j++) {
+                        float pj = p[r * Tp + j] / sum[r];
+                        p[r * Tp + j] = pj;
+                        ds[r * Tp + j] = pj * (ds[r * Tp + j] - di[r]) * scale;
+                    }
+                accumulate_cols(p, dop + i0 * Dp, keys, Tp, Dp, dvp);
+                accumulate_cols(ds, qp + i0 * Dp, keys, Tp, Dp, dkp);
+                weighted_rows(ds, kp, keys, Tp, Dp, dqrow);
+                for (int r = 0; r < ROWS && i0 + r < T; r++)
+                    copy_row(dq + ((b * T + i0 + r) * H + h) * D, dqrow + r * Dp, D);
+            }
+            for (int64_t t = 0; t < T; t++) {
+                copy_row(dk + ((b * T + t) * H + h) * D, dkp + t * Dp, D);
+                copy_row(dv + ((b * T + t) * H + h) * D, dvp + t * Dp, D);
+            }
+        }
+        free(buf);
+    }
+}

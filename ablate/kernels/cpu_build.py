@@ -1,0 +1,154 @@
+"""The CPU C kernels' common machinery: compiled copies of a source per instruction set, built
+with the system's C compiler at first use into one shared library cached in
+$ABLATE_CACHE/kernels, and the *forms* a run can compute an op in.
+
+A form is one computation of an op, to its last bit. Some forms have several copies (AVX-512,
+AVX2) written so that they give the same bits: a machine uses the fastest copy its CPU runs.
+A run records the form it trained with (config.json) and keeps it when resumed
+(ablate/train.py), so each kernel is a `CpuKernel` with its forms, best first, and a fallback
+form computed by torch ops on any machine (the form of every run made before the kernel).
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SOURCES = Path(__file__).with_name("cpu")
+# -ffast-math lets GCC call glibc's vector expf; the exact copies keep IEEE semantics (no
+# contraction: every fused multiply-add is an fmaf in the source), only dropping errno and
+# trap-preserving code so that their selects vectorize.
+FAST = ["-O3", "-ffast-math", "-fopenmp", "-fPIC"]
+EXACT = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-fopenmp", "-fPIC"]
+AVX512 = ("-mavx512f", "-mavx512vl", "-mfma", "-mprefer-vector-width=512")
+AVX512_NEEDS = ("avx512f", "avx512vl", "fma")
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One compiled copy of a kernel source: its symbol suffix, flags and the CPU flags it needs."""
+
+    isa: str
+    source: str
+    flags: tuple[str, ...]
+    needs: tuple[str, ...]
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return frozenset(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
+    except OSError:
+        return frozenset()
+
+
+def cpu_has(*flags: str) -> bool:
+    return all(flag in _cpu_flags() for flag in flags)
+
+
+class CpuKernel:
+    """An op's C kernel: `forms` maps a form to its copies, fastest first (best form first);
+    `fallback` names the torch-ops form; `symbols` are the functions each copy defines, named
+    `{symbol}_{copy.isa}`; `headers` the sources' includes (part of the build's hash)."""
+
+    def __init__(self, name: str, forms: dict[str, tuple[Copy, ...]], fallback: str, symbols: tuple[str, ...],
+                 headers: tuple[str, ...] = ()):
+        self.name, self.forms, self.fallback, self.symbols, self.headers = name, forms, fallback, symbols, headers
+        self.copies = [c for copies in forms.values() for c in copies]
+        self._lib: list = []  # [(ctypes library, why not)], built or found once per process
+        self._form: str | None = None  # the form in use for the current run (None: the best available)
+
+    def _build(self, cc: str) -> Path:
+        """Compile every copy into one shared library named by the hash of the sources, the
+        flags and the compiler's version (another compiler builds anew)."""
+        from ablate.data import cache_root
+
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
+        names = sorted({c.source for c in self.copies} | set(self.headers))
+        sources = "".join((SOURCES / name).read_text() for name in names)
+        key = hashlib.sha256((sources + repr(self.copies) + version).encode()).hexdigest()[:16]
+        target = cache_root() / "kernels" / f"{self.name}-{key}.so"
+        if target.exists():
+            return target
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            objects = []
+            for copy in self.copies:
+                obj = Path(tmp) / f"{copy.isa}.o"
+                subprocess.run([cc, *copy.flags, f"-DISA={copy.isa}", "-c", str(SOURCES / copy.source), "-o", str(obj)],
+                               check=True, capture_output=True, timeout=300)
+                objects.append(str(obj))
+            # Linked without -ffast-math: GCC before 13 would add crtfastmath.o, which turns on
+            # flush-to-zero for the whole process when the library loads (ablate/fpmode.py owns that).
+            so = Path(tmp) / "lib.so"
+            subprocess.run([cc, "-shared", "-fopenmp", *objects, "-o", str(so), "-lmvec", "-lm"],
+                           check=True, capture_output=True, timeout=300)
+            os.replace(so, target)
+        return target
+
+    def library(self):
+        """(the ctypes library, None) once built, or (None, why not)."""
+        if not self._lib:
+            cc = _compiler()
+            if sys.platform != "linux" or os.uname().machine != "x86_64" or cc is None:
+                self._lib.append((None, "needs Linux on x86-64 and a C compiler (CC, cc or gcc)"))
+            else:
+                try:
+                    lib = ctypes.CDLL(str(self._build(cc)))
+                    for copy in self.copies:
+                        for symbol in self.symbols:
+                            getattr(lib, f"{symbol}_{copy.isa}").restype = None
+                    self._lib.append((lib, None))
+                except (OSError, subprocess.SubprocessError) as e:
+                    detail = (getattr(e, "stderr", b"") or b"").decode(errors="replace")[:200] or e
+                    self._lib.append((None, f"the build failed ({type(e).__name__}: {detail})"))
+        return self._lib[0]
+
+    def copy_for(self, form: str) -> Copy | None:
+        """The fastest copy of `form` this CPU runs (None: none does)."""
+        return next((c for c in self.forms[form] if cpu_has(*c.needs)), None)
+
+    def available(self) -> list[str]:
+        """The forms this machine can compute, best first (the fallback always)."""
+        if self.library()[0] is None:
+            return [self.fallback]
+        return [form for form in self.forms if self.copy_for(form) is not None] + [self.fallback]
+
+    def best(self) -> str:
+        return self.available()[0]
+
+    @contextlib.contextmanager
+    def using(self, form: str):
+        """Compute the op in `form` (one of available()) while a run trains."""
+        old, self._form = self._form, form
+        try:
+            yield
+        finally:
+            self._form = old
+
+    def current(self) -> str:
+        return self._form or self.best()
+
+    def function(self, symbol: str, copy: Copy | None = None):
+        """The ctypes function `symbol` of `copy` (default: the current form's fastest here)."""
+        isa = (copy or self.copy_for(self.current())).isa
+        return getattr(self.library()[0], f"{symbol}_{isa}")
+
+
+def pointer(t: torch.Tensor) -> ctypes.c_void_p:
+    return ctypes.c_void_p(t.data_ptr())

@@ -1,0 +1,162 @@
+"""The CPU attention kernel (ablate/kernels/cpu_attention.py): parity with float64, the layouts
+the model hands it, bits that depend neither on the thread count nor on the vector width, and
+runs that keep the form they started with."""
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ablate.cli import main
+from ablate.kernels import cpu_attention
+from ablate.kernels.cpu_build import cpu_has
+from ablate.kernels.reference import ReferenceBackend
+from tests.interrupting import interrupted_at
+
+BLOCKED = "blocked" in cpu_attention.available()
+needs_kernel = pytest.mark.skipif(not BLOCKED, reason=f"no attention kernel here: {cpu_attention.library()[1]}")
+ARGS = ["train", "--quiet", "--steps", "6", "--batch-size", "2", "--seq-len", "16", "--eval-batches", "1",
+        "--final-eval-batches", "1", "--threads", "1", "--device", "cpu"]
+
+
+def heads(B, H, T, D, scale=1.0, seed=0):
+    """q, k, v as the model makes them: (B, H, T, D) views of one (B, T, 3 H D) tensor."""
+    torch.manual_seed(seed)
+    qkv = torch.randn(B, T, 3 * H * D) * scale
+    return [t.view(B, T, H, D).transpose(1, 2) for t in qkv.split(H * D, dim=2)]
+
+
+def through_the_kernel(q, k, v, dout):
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    with cpu_attention.using("blocked"):
+        assert cpu_attention.handles(*leaves)
+        out = ReferenceBackend().attention(*leaves)  # the kernel interface the model calls
+    out.backward(dout)
+    return out.detach(), [t.grad for t in leaves]
+
+
+def in_float64(q, k, v, dout):
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    out = F.scaled_dot_product_attention(*leaves, is_causal=True)
+    out.backward(dout.double())
+    return out.detach(), [t.grad for t in leaves]
+
+
+@needs_kernel
+@pytest.mark.parametrize("shape", [(2, 4, 64, 16), (2, 3, 37, 20), (1, 2, 130, 64), (3, 2, 1, 16), (1, 1, 5, 3)])
+def test_it_matches_float64_forward_and_backward(shape):
+    """tiny's heads; a context and a head dimension off the 16-wide tiles; rows past 128; one
+    position; a head dimension under one tile."""
+    q, k, v = heads(*shape)
+    dout = torch.randn(q.shape)
+    out, grads = through_the_kernel(q, k, v, dout)
+    ref, ref_grads = in_float64(q, k, v, dout)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got.double(), want, atol=5e-5, rtol=1e-5)
+
+
+@needs_kernel
+def test_contiguous_heads_and_a_strided_gradient_are_read_as_they_lie():
+    """qk-norm hands it contiguous (B, H, T, D) queries and keys; the gradient may arrive with
+    any strides whose last is 1."""
+    q, k, v = (t.contiguous() for t in heads(2, 2, 24, 16))
+    dout = torch.randn(2, 24, 2, 32)[..., ::2].transpose(1, 2)  # last stride 2: copied first
+    out, grads = through_the_kernel(q, k, v, dout)
+    ref, ref_grads = in_float64(q, k, v, dout)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got.double(), want, atol=5e-5, rtol=1e-5)
+
+
+@needs_kernel
+def test_large_logits_stay_finite_and_a_nan_propagates():
+    """Scores in the hundreds (a diverging run's): the softmax subtracts its row maximum, and
+    weights below float32's normal range are 0. A NaN input gives NaN, as torch's does."""
+    q, k, v = heads(1, 2, 48, 16, scale=12.0)
+    dout = torch.randn(q.shape)
+    out, grads = through_the_kernel(q, k, v, dout)
+    ref, ref_grads = in_float64(q, k, v, dout)
+    assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
+    torch.testing.assert_close(out.double(), ref, atol=1e-4, rtol=1e-4)
+    q = q.clone()
+    q[0, 1, 7, 3] = float("nan")
+    with cpu_attention.using("blocked"):
+        out = cpu_attention.attention(q, k, v)
+    assert out[0, 1, 7].isnan().all() and not out[0, 0].isnan().any() and not out[0, 1, :7].isnan().any()
+
+
+@needs_kernel
+def test_its_bits_do_not_depend_on_the_thread_count():
+    q, k, v = heads(3, 3, 40, 16)
+    dout = torch.randn(q.shape)
+    outer = torch.get_num_threads()
+    results = []
+    try:
+        for n in (1, 2, 4):
+            torch.set_num_threads(n)
+            results.append(through_the_kernel(q, k, v, dout))
+    finally:
+        torch.set_num_threads(outer)
+    for out, grads in results[1:]:
+        assert torch.equal(out, results[0][0]) and all(torch.equal(a, b) for a, b in zip(grads, results[0][1]))
+
+
+COPIES = [c for c in cpu_attention.FORMS["blocked"] if cpu_has(*c.needs)]
+
+
+@pytest.mark.skipif(len(COPIES) < 2 or not BLOCKED, reason="needs the AVX-512 and AVX2 copies")
+@pytest.mark.parametrize("shape", [(2, 4, 64, 16), (1, 3, 71, 40)])
+def test_the_avx512_and_avx2_copies_give_the_same_bits(shape):
+    """`blocked` is one form whichever vector width computes it: a run resumes on another CPU."""
+    q, k, v = heads(*shape, scale=3.0)
+    dout = torch.randn(q.shape).transpose(1, 2).contiguous().transpose(1, 2)
+    outs = []
+    for copy in COPIES:
+        out, stats = cpu_attention.forward(q, k, v, copy)
+        outs.append((out, stats, *cpu_attention.backward(q, k, v, out, stats, dout, copy)))
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
+
+
+def test_the_sdpa_form_is_torchs_attention_bit_for_bit():
+    q, k, v = heads(2, 4, 64, 16)
+    with cpu_attention.using(cpu_attention.SDPA):
+        assert not cpu_attention.handles(q, k, v)
+        out = ReferenceBackend().attention(q, k, v)
+    assert torch.equal(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+def rows(run_dir):
+    return [{k: v for k, v in json.loads(line).items() if k not in ("time_s", "tokens_per_s")}
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@needs_kernel
+def test_a_new_run_records_the_kernel_and_one_from_before_resumes_on_torchs_bit_for_bit(tmp_path, monkeypatch):
+    assert main([*ARGS, "--out", str(tmp_path / "new")]) == 0
+    (new,) = (tmp_path / "new").glob("*/config.json")
+    assert json.loads(new.read_text())["attention_cpu"] == "blocked"
+    with monkeypatch.context() as m:  # the reference: a whole run as before the kernel
+        m.setattr(cpu_attention.KERNEL, "best", lambda: cpu_attention.SDPA)
+        assert main([*ARGS, "--out", str(tmp_path / "ref")]) == 0
+        with interrupted_at(m, 2):
+            assert main([*ARGS, "--out", str(tmp_path / "cut")]) == 130
+    (config,) = (tmp_path / "cut").glob("*/config.json")
+    old = json.loads(config.read_text())
+    del old["attention_cpu"]  # written before the kernel existed
+    config.write_text(json.dumps(old))
+    assert main([*ARGS, "--out", str(tmp_path / "cut")]) == 0  # the kernel is here: not used
+    assert json.loads(config.read_text())["attention_cpu"] == cpu_attention.SDPA
+    assert rows(config.parent) == rows(next((tmp_path / "ref").iterdir()))
+    assert rows(config.parent) != rows(new.parent)  # the two forms differ in their last bits
+
+
+@needs_kernel
+def test_a_run_on_the_kernel_is_refused_in_one_line_where_it_does_not_build(tmp_path, monkeypatch, capsys):
+    with interrupted_at(monkeypatch, 2):
+        assert main([*ARGS, "--out", str(tmp_path)]) == 130
+    monkeypatch.setattr(cpu_attention.KERNEL, "_lib", [(None, "no C compiler (a test)")])
+    capsys.readouterr()
+    assert main([*ARGS, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'blocked'" in err and "attention" in err and "valid here: sdpa" in err
