@@ -13,6 +13,7 @@ import ablate.train
 from ablate.cell import Cell, run_cell
 from ablate.config import resolve
 from ablate.data import load_data
+from ablate.kernels.reference import ReferenceBackend
 from ablate.model import build_model
 from ablate.probes import (PROBE_SEQUENCES, Probes, attention_logit_stats, mean_cosine_similarity,
                            output_log_partition)
@@ -38,20 +39,21 @@ def causal_entropy_by_loop(q, k):
 
 
 def record_attention(monkeypatch) -> list[tuple[float, float]]:
-    """From now on, every scaled_dot_product_attention call appends (largest logit, mean
-    entropy) of its first PROBE_SEQUENCES sequences, computed from the definition in float64."""
-    seen, sdpa = [], F.scaled_dot_product_attention
+    """From now on, every attention the model computes (the kernel interface's `attention`)
+    appends (largest logit, mean entropy) of its first PROBE_SEQUENCES sequences, computed from
+    the definition in float64."""
+    seen, attention = [], ReferenceBackend.attention
 
-    def recording(q, k, v, **kwargs):
+    def recording(self, q, k, v):
         qs, ks = q[:PROBE_SEQUENCES].detach().double(), k[:PROBE_SEQUENCES].detach().double()
         scores = qs @ ks.transpose(-2, -1) / math.sqrt(q.shape[-1])
         causal = torch.ones(scores.shape[-2:], dtype=torch.bool).tril()
         p = scores.masked_fill(~causal, float("-inf")).softmax(-1)
         entropy = -(p * p.clamp_min(1e-300).log()).sum(-1).mean()
         seen.append((scores[..., causal].max().item(), entropy.item()))
-        return sdpa(q, k, v, **kwargs)
+        return attention(self, q, k, v)
 
-    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    monkeypatch.setattr(ReferenceBackend, "attention", recording)
     return seen
 
 
@@ -113,7 +115,7 @@ def test_constant_logits_have_log_partition_log_vocab():
 @pytest.mark.parametrize("axes", [{}, {"norm": "post", "qk_norm": "rmsnorm"}])
 @pytest.mark.parametrize("compiled", [False, True])
 def test_probes_see_the_attention_the_model_computes(monkeypatch, axes, compiled):
-    """The attention logits the probes report are those scaled_dot_product_attention receives
+    """The attention logits the probes report are those the model's attention receives
     in the training forward (first PROBE_SEQUENCES sequences), for pre-norm and post-norm with
     qk-norm; `compiled` runs the probes' own eager forward of the slice instead of the hooks."""
     torch.manual_seed(0)
