@@ -102,6 +102,30 @@ def test_its_bits_do_not_depend_on_the_thread_count():
         assert torch.equal(out, results[0][0]) and all(torch.equal(a, b) for a, b in zip(grads, results[0][1]))
 
 
+@needs_kernel
+def test_every_thread_computes_in_the_callers_flush_to_zero_mode():
+    """Values near 1e-38 make subnormal products: flushed on the calling thread (a run's
+    flush_denormal), they must be flushed on the kernel's other threads too, or the bits would
+    depend on which thread computed a head."""
+    q, k, v = heads(2, 4, 32, 16)
+    v = v * 1e-37
+    dout = torch.randn(q.shape) * 1e-30
+    outer = torch.get_num_threads()
+    torch.set_num_threads(2)
+    through_the_kernel(q, k, v, dout)  # the kernel's threads start (a new thread inherits its maker's mode)
+    assert torch.set_flush_denormal(True), "this CPU cannot flush subnormals"
+    try:
+        results = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            results.append(through_the_kernel(q, k, v, dout))
+    finally:
+        torch.set_flush_denormal(False)
+        torch.set_num_threads(outer)
+    (out1, grads1), (out2, grads2) = results
+    assert torch.equal(out1, out2) and all(torch.equal(a, b) for a, b in zip(grads1, grads2))
+
+
 COPIES = [c for c in cpu_attention.FORMS["blocked"] if cpu_has(*c.needs)]
 
 

@@ -66,6 +66,31 @@ def test_its_bits_do_not_depend_on_the_thread_count(threads):
     assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
 
 
+@pytest.mark.skipif("poly" not in cpu_gelu.available(), reason="no poly form here")
+def test_polys_threads_compute_in_the_callers_flush_to_zero_mode(threads):
+    """Subnormal inputs read as 0 on the calling thread (a run's flush_denormal) must on the
+    kernel's other threads too, or an element's bits would depend on the thread computing it."""
+    x = torch.randn(4 * 4096)
+    x[4096:] *= 1e-39  # the blocks a second thread takes: subnormal
+    dy = torch.ones_like(x)
+    threads(2)
+    with cpu_gelu.using("poly"):
+        cpu_gelu.gelu(x)  # the kernel's threads start (a new thread inherits its maker's mode)
+        assert torch.set_flush_denormal(True), "this CPU cannot flush subnormals"
+        try:
+            out = []
+            for n in (1, 2):
+                threads(n)
+                y, dx = torch.empty_like(x), torch.empty_like(x)
+                cpu_gelu._call("fwd", x, y)
+                cpu_gelu._call("bwd", x, dy, dx)
+                out.append((y, dx))
+        finally:
+            torch.set_flush_denormal(False)
+    assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
+    assert (out[0][0][4096:] == 0).all()  # read as 0 on every thread
+
+
 POLY_COPIES = [c for c in cpu_gelu.FORMS["poly"] if cpu_gelu._cpu_has(*c.needs)]
 
 

@@ -29,7 +29,8 @@ FORMS = {
     "blocked": (Copy("blocked_avx512", "attention.c", (*_FLAGS, *AVX512), AVX512_NEEDS),
                 Copy("blocked_avx2", "attention.c", (*_FLAGS, "-mavx2", "-mfma"), ("avx2", "fma"))),
 }
-KERNEL = CpuKernel("attention", FORMS, SDPA, ("attention_fwd", "attention_bwd"), headers=("exp_poly.h",))
+KERNEL = CpuKernel("attention", FORMS, SDPA, ("attention_fwd", "attention_bwd"),
+                   headers=("exp_poly.h", "thread_mode.h"))
 library, available, best, using, current = KERNEL.library, KERNEL.available, KERNEL.best, KERNEL.using, KERNEL.current
 
 

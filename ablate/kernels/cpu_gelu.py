@@ -35,7 +35,8 @@ FORMS = {
     "fused-avx2": (Copy("avx2", "gelu_tanh.c", (*FAST, "-mavx2", "-mfma"), ("avx2", "fma")),),
     "fused-sse2": (Copy("sse2", "gelu_tanh.c", FAST, ()),),
 }
-KERNEL = CpuKernel("gelu_tanh", FORMS, PASSES, ("gelu_tanh_fwd", "gelu_tanh_bwd"), headers=("exp_poly.h",))
+KERNEL = CpuKernel("gelu_tanh", FORMS, PASSES, ("gelu_tanh_fwd", "gelu_tanh_bwd"),
+                   headers=("exp_poly.h", "thread_mode.h"))
 COPIES = KERNEL.copies
 library, available, best, using, current = KERNEL.library, KERNEL.available, KERNEL.best, KERNEL.using, KERNEL.current
 _cpu_has = cpu_has

@@ -14,7 +14,8 @@
  * in ascending order for an output or dq, over queries in ascending order for dk and dv, and a
  * row's softmax sum in 16 lanes added in a fixed order; vectors only ever run across independent
  * elements. So the AVX2 and AVX-512 copies give the same bits (tested), and so does any thread
- * count: one thread computes a whole (batch, head).
+ * count: one thread computes a whole (batch, head), in the caller's floating-point mode (its
+ * flush-to-zero and denormals-are-zero bits, ablate/fpmode.py, copied into every thread).
  */
 #include <math.h>
 #include <stdint.h>
@@ -25,6 +26,7 @@
 #endif
 
 #include "exp_poly.h"
+#include "thread_mode.h"
 
 #define CAT2(a, b) a##b
 #define CAT(a, b) CAT2(a, b)
@@ -199,8 +201,10 @@ void CAT(attention_fwd_, ISA)(const float *q, const float *k, const float *v, co
     Strides sq = {strides[0], strides[1], strides[2]}, sk = {strides[3], strides[4], strides[5]},
             sv = {strides[6], strides[7], strides[8]};
     int64_t Tp = up16(T), Dp = up16(D);
+    unsigned int mode = _mm_getcsr();
 #pragma omp parallel num_threads(threads)
     {
+        unsigned int own = take_mode(mode);
         float *buf = malloc(sizeof(float) * scratch_floats(Tp, Dp));
         float *qp = buf, *kt = qp + Tp * Dp, *vp = kt + Tp * Dp, *s = vp + Tp * Dp, *out = s + ROWS * Tp;
 #pragma omp for schedule(static)
@@ -225,6 +229,7 @@ void CAT(attention_fwd_, ISA)(const float *q, const float *k, const float *v, co
             }
         }
         free(buf);
+        _mm_setcsr(own);
     }
 }
 
@@ -236,8 +241,10 @@ void CAT(attention_bwd_, ISA)(const float *q, const float *k, const float *v, co
     Strides sq = {strides[0], strides[1], strides[2]}, sk = {strides[3], strides[4], strides[5]},
             sv = {strides[6], strides[7], strides[8]}, sd = {strides[9], strides[10], strides[11]};
     int64_t Tp = up16(T), Dp = up16(D);
+    unsigned int mode = _mm_getcsr();
 #pragma omp parallel num_threads(threads)
     {
+        unsigned int own = take_mode(mode);
         float *buf = malloc(sizeof(float) * scratch_floats(Tp, Dp));
         float *qp = buf, *kp = qp + Tp * Dp, *kt = kp + Tp * Dp, *vt = kt + Tp * Dp, *dop = vt + Tp * Dp;
         float *dkp = dop + Tp * Dp, *dvp = dkp + Tp * Dp, *p = dvp + Tp * Dp, *ds = p + ROWS * Tp;
@@ -284,5 +291,6 @@ void CAT(attention_bwd_, ISA)(const float *q, const float *k, const float *v, co
             }
         }
         free(buf);
+        _mm_setcsr(own);
     }
 }

@@ -10,13 +10,15 @@
  * Bits: built without fast math (IEEE operations, fused multiply-adds only where fmaf is
  * written), so the AVX2 and AVX-512 copies compute every element by the same operations and
  * give the same bits (tested); the work is cut into fixed BLOCK-element blocks from index 0,
- * so an element's result never depends on the thread count either.
+ * so an element's result never depends on the thread count either, and every thread computes in
+ * the caller's flush-to-zero mode (thread_mode.h).
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "exp_poly.h"
+#include "thread_mode.h"
 
 /* Compiled once per instruction set (ablate/kernels/cpu_gelu.py): ISA names the copy. */
 #define CAT2(a, b) a##b
@@ -42,28 +44,40 @@ static inline float e2u(float v) {
 
 void CAT(gelu_tanh_fwd_, ISA)(const float *x, float *y, int64_t n, int threads) {
     int64_t blocks = (n + BLOCK - 1) / BLOCK;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t b = 0; b < blocks; b++) {
-        int64_t lo = b * BLOCK, hi = lo + BLOCK < n ? lo + BLOCK : n;
+    unsigned int mode = _mm_getcsr();
+#pragma omp parallel num_threads(threads)
+    {
+        unsigned int own = take_mode(mode);
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < blocks; b++) {
+            int64_t lo = b * BLOCK, hi = lo + BLOCK < n ? lo + BLOCK : n;
 #pragma omp simd
-        for (int64_t i = lo; i < hi; i++) {
-            float v = x[i], inner = v / (1.0f + e2u(v));
-            y[i] = v > TAIL ? v : (v < -TAIL ? 0.0f * v : inner);
+            for (int64_t i = lo; i < hi; i++) {
+                float v = x[i], inner = v / (1.0f + e2u(v));
+                y[i] = v > TAIL ? v : (v < -TAIL ? 0.0f * v : inner);
+            }
         }
+        _mm_setcsr(own);
     }
 }
 
 void CAT(gelu_tanh_bwd_, ISA)(const float *x, const float *dy, float *dx, int64_t n, int threads) {
     int64_t blocks = (n + BLOCK - 1) / BLOCK;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t b = 0; b < blocks; b++) {
-        int64_t lo = b * BLOCK, hi = lo + BLOCK < n ? lo + BLOCK : n;
+    unsigned int mode = _mm_getcsr();
+#pragma omp parallel num_threads(threads)
+    {
+        unsigned int own = take_mode(mode);
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < blocks; b++) {
+            int64_t lo = b * BLOCK, hi = lo + BLOCK < n ? lo + BLOCK : n;
 #pragma omp simd
-        for (int64_t i = lo; i < hi; i++) {
-            float v = x[i], e = e2u(v), s = 1.0f / (1.0f + e), t = e * s; /* t = 1 - s, without cancelling */
-            /* d/dx x s(2u) = s + x s (1 - s) d(2u)/dx, d(2u)/dx = K + 3 KC x^2 */
-            float inner = fmaf(v * s * t, fmaf(3.0f * KC * v, v, K), s);
-            dx[i] = (v > TAIL ? 1.0f : (v < -TAIL ? 0.0f * v : inner)) * dy[i];
+            for (int64_t i = lo; i < hi; i++) {
+                float v = x[i], e = e2u(v), s = 1.0f / (1.0f + e), t = e * s; /* t = 1 - s, without cancelling */
+                /* d/dx x s(2u) = s + x s (1 - s) d(2u)/dx, d(2u)/dx = K + 3 KC x^2 */
+                float inner = fmaf(v * s * t, fmaf(3.0f * KC * v, v, K), s);
+                dx[i] = (v > TAIL ? 1.0f : (v < -TAIL ? 0.0f * v : inner)) * dy[i];
+            }
         }
+        _mm_setcsr(own);
     }
 }
