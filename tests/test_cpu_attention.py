@@ -184,3 +184,24 @@ def test_a_run_on_the_kernel_is_refused_in_one_line_where_it_does_not_build(tmp_
     assert main([*ARGS, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'blocked'" in err and "attention" in err and "valid here: sdpa" in err
+
+
+def test_the_bench_prints_each_copy_and_torchs_attention(capsys):
+    from ablate.kernels import cpu_attention_bench
+
+    rows = cpu_attention_bench.bench((2, 2, 24, 16), rounds=2, calls=2)
+    names = {name for name, _, _ in rows}
+    assert names == {c.isa for c in COPIES if BLOCKED} | {"torch sdpa"}
+    assert all(len(values) == 2 and min(values) > 0 for _, _, values in rows)
+    assert cpu_attention_bench.main(["2", "3", "17", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "batch 2, 3 heads, T 17, head dimension 8" in out and all(f"\n{name:<14} bwd" in out for name in names)
+
+
+@pytest.mark.parametrize("args", [["16", "4", "abc", "16"], ["16", "0", "64", "16"], ["16", "4", "64"]])
+def test_the_bench_refuses_a_bad_shape_in_one_line(args, capsys):
+    from ablate.kernels import cpu_attention_bench
+
+    assert cpu_attention_bench.main(args) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and "valid:" in captured.err

@@ -92,7 +92,7 @@ def profile_steps(model: str = "tiny", layers: int | None = None, steps: int = 1
 
 # Where a profiled step's self CPU time goes, by what an op's name says it is (first match).
 CATEGORIES = (("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")),
-              ("attention", ("scaled_dot_product", "flash_attention")),
+              ("attention", ("scaled_dot_product", "flash_attention", "CausalAttention")),  # torch's; the CPU kernel's
               ("norms", ("layer_norm", "rms_norm")),
               ("optimizer", ("adam", "Optimizer.step")))
 REST = "the rest (GELU, loss, embeddings, probes, other elementwise ops)"

@@ -4,20 +4,17 @@
     python -m ablate.kernels.cpu_gelu_bench 16 128 512      # small's
 
 Every form this machine computes (ablate/kernels/cpu_gelu.py) and torch's erf GELU (nanoGPT's)
-and tanh GELU, forward and backward, at one thread. The implementations take turns, round after
-round, so a machine whose speed drifts slows them all alike; each figure is the median over the
-rounds of a round's mean microseconds per call, with the rounds' range.
+and tanh GELU, forward and backward, at one thread, taking turns (ablate/kernels/cpu_bench.py).
 """
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
 from ablate.kernels import cpu_gelu
+from ablate.kernels.cpu_bench import CALLS, ROUNDS, interleave, print_table, shape_from
 
 
 def _implementations(x: torch.Tensor, dy: torch.Tensor) -> dict[str, tuple]:
@@ -44,43 +41,18 @@ def _implementations(x: torch.Tensor, dy: torch.Tensor) -> dict[str, tuple]:
     return impls
 
 
-ROUNDS, CALLS = 15, 50
-
-
 def bench(shape: tuple[int, ...], rounds: int = ROUNDS, calls: int = CALLS) -> list[tuple[str, str, list[float]]]:
     """[(implementation, 'fwd' or 'bwd', microseconds a call per round)]."""
     torch.manual_seed(0)
     x, dy = torch.randn(shape) * 3, torch.randn(shape)
-    impls = _implementations(x, dy)
-    times = {(name, kind): [] for name in impls for kind in ("fwd", "bwd")}
-    outer = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        for _ in range(rounds):
-            for name, pair in impls.items():
-                for kind, fn in zip(("fwd", "bwd"), pair):
-                    fn()
-                    t0 = time.perf_counter()
-                    for _ in range(calls):
-                        fn()
-                    times[name, kind].append((time.perf_counter() - t0) / calls * 1e6)
-    finally:
-        torch.set_num_threads(outer)
-    return [(name, kind, values) for (name, kind), values in times.items()]
+    return interleave(_implementations(x, dy), rounds, calls)
 
 
 def main(argv: list[str]) -> int:
-    bad = [a for a in argv if not (a.isdigit() and int(a) > 0)]
-    if bad:
-        print(f"cpu_gelu_bench: {bad[0]!r} is not a dimension; valid: positive integers, the shape's "
-              "dimensions (default 16 64 256)", file=sys.stderr)
+    shape = shape_from("cpu_gelu_bench", argv, (16, 64, 256), "the shape's dimensions")
+    if shape is None:
         return 2
-    shape = tuple(int(a) for a in argv) or (16, 64, 256)
-    print(f"CPU tanh-GELU forms and torch's GELUs on {' x '.join(map(str, shape))} float32, 1 thread "
-          f"(median of {ROUNDS} interleaved rounds of {CALLS} calls, and their range)")
-    print(f"{'implementation':<14} {'kind':<4} {'us/call':>9}  range")
-    for name, kind, values in bench(shape):
-        print(f"{name:<14} {kind:<4} {statistics.median(values):9.1f}  {min(values):.1f}..{max(values):.1f}")
+    print_table(f"CPU tanh-GELU forms and torch's GELUs on {' x '.join(map(str, shape))} float32", bench(shape))
     return 0
 
 
