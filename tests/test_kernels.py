@@ -488,7 +488,7 @@ def test_cuda_kernels_in_emulation_match_reference(cuda_emu, case):
 
 def test_cuda_sources_ship_with_the_package():
     text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
-    assert '"ablate.kernels" = ["cuda/*.cu", "cuda/*.cpp", "cuda/*.h", "cpu/*.c"]' in text
+    assert '"ablate.kernels" = ["cuda/*.cu", "cuda/*.cpp", "cuda/*.h", "cpu/*.c", "cpu/*.h"]' in text
     assert all(p.suffix in (".cu", ".cpp", ".h") for p in CUDA_DIR.iterdir() if p.is_file())
     assert all(p.suffix == ".h" for p in (CUDA_DIR / "emu").iterdir())
 
