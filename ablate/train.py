@@ -159,7 +159,7 @@ CPU_KERNELS = {"gelu_cpu": (cpu_gelu.KERNEL, "GELU"), "attention_cpu": (cpu_atte
 
 def run_config(cell, cfg: TrainConfig, size: ModelSize, data: TokenData, device: torch.device, kernels: str,
                params: int | None = None, threads: int | None = None, flush_denormal: bool | None = None,
-               subnormals_flushed: bool | None = None, cpu_forms: dict[str, str] | None = None) -> dict:
+               subnormals_flushed: bool | None = None, cpu_forms: dict[str, str | None] | None = None) -> dict:
     """config.json. threads, flush_denormal: the values the run trains with (a resumed run's
     own); subnormals_flushed: what ablate.fpmode measured in the torch threads once they were set
     (True in all, False in none, None mixed); cpu_forms: the forms of the CPU kernels, by their
@@ -279,17 +279,18 @@ def _flush_for(cell, cfg: TrainConfig, old: dict | None, run_dir: Path) -> bool:
     return recorded
 
 
-def _cpu_forms_for(old: dict | None, run_dir: Path) -> dict[str, str]:
+def _cpu_forms_for(old: dict | None, run_dir: Path, device: torch.device) -> dict[str, str | None]:
     """The forms of the CPU kernels to train with, by config.json key (ablate/kernels/cpu_build.py).
     A form fixes its op's last bits, so a run keeps the forms it started with; a config.json
     without one was written before that kernel, by its torch fallback. A form this machine
     cannot compute (no compiler, another CPU) is refused: the run would not continue on its own
-    bits."""
+    bits. A run on another device computes none of them (None: nothing built, nothing refused)."""
+    if device.type != "cpu":
+        return dict.fromkeys(CPU_KERNELS)
+    if old is None:
+        return {key: kernel.best() for key, (kernel, _) in CPU_KERNELS.items()}
     forms = {}
     for key, (kernel, what) in CPU_KERNELS.items():
-        if old is None:
-            forms[key] = kernel.best()
-            continue
         recorded = old.get(key) or kernel.fallback
         if recorded not in (here := kernel.available()):
             raise ConfigError(f"{run_dir} holds a run whose {what} was computed as {recorded!r}, which this machine "
@@ -449,7 +450,7 @@ def train(cell, run_dir: str | Path, quiet: bool = True, plan: RunPlan | None = 
         plan = plan_run(cell, run_dir=run_dir)
     elif plan.run_dir != run_dir:
         raise ValueError(f"the plan was made for {plan.run_dir}, not {run_dir}: plan_run(cell, execution, run_dir)")
-    forms = _cpu_forms_for(plan.recorded, run_dir)
+    forms = _cpu_forms_for(plan.recorded, run_dir, plan.device)
     outer_threads, outer_flush = torch.get_num_threads(), fpmode.main_thread_flushing()
     torch.set_num_threads(plan.threads)
     fpmode.apply(plan.flush)  # after the thread count: it reaches every thread the run will use
@@ -478,7 +479,8 @@ class RunState:
     val_loss: float | None = None
 
 
-def _train(cell, plan: RunPlan, forms: dict[str, str], quiet: bool, after_step: Callable[[], None] | None) -> dict:
+def _train(cell, plan: RunPlan, forms: dict[str, str | None], quiet: bool,
+           after_step: Callable[[], None] | None) -> dict:
     """The training loop: set the lr, take a batch, step, evaluate, log, checkpoint."""
     cfg, data, device, run_dir = plan.cfg, plan.data, plan.device, plan.run_dir
     model, opt = _build(cell, plan, forms)
@@ -531,7 +533,7 @@ def _train(cell, plan: RunPlan, forms: dict[str, str], quiet: bool, after_step: 
     return _finish(run_dir, state, status, step, time.perf_counter() - clock0)
 
 
-def _build(cell, plan: RunPlan, forms: dict[str, str]) -> tuple[GPT, Any]:
+def _build(cell, plan: RunPlan, forms: dict[str, str | None]) -> tuple[GPT, Any]:
     """The model and its optimizer, and the run's config.json (written before the first step)."""
     cfg = plan.cfg
     torch.manual_seed(cfg.seed)  # the seed fixes the initial weights...

@@ -205,3 +205,16 @@ def test_the_bench_refuses_a_bad_shape_in_one_line(args, capsys):
     assert cpu_attention_bench.main(args) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1 and "valid:" in captured.err
+
+
+def test_a_run_on_another_device_records_no_cpu_form_and_needs_no_compiler(tmp_path, monkeypatch):
+    """A GPU run computes neither CPU kernel: resumed on a machine where they do not build, it
+    is not refused, and nothing is compiled for it."""
+    from ablate.train import CPU_KERNELS, _cpu_forms_for
+
+    for kernel, _ in CPU_KERNELS.values():
+        monkeypatch.setattr(kernel, "_lib", [(None, "no C compiler (a test)")])
+    recorded = {key: "blocked" if key == "attention_cpu" else "poly" for key in CPU_KERNELS}
+    assert _cpu_forms_for(recorded, tmp_path, torch.device("cuda")) == dict.fromkeys(CPU_KERNELS)
+    with pytest.raises(Exception, match="valid here"):  # on the CPU the same record is refused
+        _cpu_forms_for(recorded, tmp_path, torch.device("cpu"))

@@ -85,9 +85,9 @@ class _CausalAttention(torch.autograd.Function):
 def handles(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether attention(q, k, v) goes to the kernel: float32 (B, H, T, D) on the CPU with the
     head dimension contiguous, eager, the kernel's form in use."""
-    return (q.dim() == 4 and q.numel() > 0 and not torch.compiler.is_compiling() and current() != SDPA
-            and all(t.device.type == "cpu" and t.dtype == torch.float32 and t.shape == q.shape and t.stride(-1) == 1
-                    for t in (q, k, v)))
+    return (all(t.device.type == "cpu" and t.dtype == torch.float32 and t.shape == q.shape and t.stride(-1) == 1
+                for t in (q, k, v))
+            and q.dim() == 4 and q.numel() > 0 and not torch.compiler.is_compiling() and current() != SDPA)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
