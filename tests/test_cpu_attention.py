@@ -11,6 +11,7 @@ from ablate.cli import main
 from ablate.kernels import cpu_attention
 from ablate.kernels.cpu_build import cpu_has
 from ablate.kernels.reference import ReferenceBackend
+from ablate.sizes import get_size
 from tests.interrupting import interrupted_at
 
 BLOCKED = "blocked" in cpu_attention.available()
@@ -54,6 +55,30 @@ def test_it_matches_float64_forward_and_backward(shape):
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
     for got, want in zip(grads, ref_grads):
         torch.testing.assert_close(got.double(), want, atol=5e-5, rtol=1e-5)
+
+
+@needs_kernel
+def test_on_c_attns_output_the_gradient_is_written_in_place_with_the_same_bits():
+    """The model's q, k, v are views of c_attn's output: the kernel then takes that tensor and
+    writes its gradient whole, the values the three-gradient path and autograd's join give."""
+    from ablate.model import build_model
+    from ablate.variants import make_variant
+
+    B, H, T, D = 2, 4, 24, 16
+    torch.manual_seed(0)
+    qkv = torch.randn(B, T, 3 * H * D, requires_grad=True)
+    heads3 = [t.view(B, T, H, D).transpose(1, 2) for t in qkv.split(H * D, dim=2)]
+    assert cpu_attention.packed_source(*heads3)._base is qkv
+    dout = torch.randn(B, H, T, D)
+    with cpu_attention.using("blocked"):
+        out = cpu_attention.attention(*heads3)
+        (packed,) = torch.autograd.grad(out, qkv, dout)
+        apart, grads = through_the_kernel(*heads3, dout)
+    assert torch.equal(out, apart) and torch.equal(packed, torch.cat([g.transpose(1, 2).flatten(2) for g in grads], 2))
+    size = get_size("tiny")
+    for axes, packs in (({}, True), ({"qk_norm": "rmsnorm"}, False)):  # qk-norm's q and k are tensors of their own
+        attn = build_model(make_variant(**axes), size).blocks[0].attn
+        assert (cpu_attention.packed_source(*attn.qkv(torch.randn(2, 8, size.d_model))) is not None) == packs
 
 
 @needs_kernel

@@ -54,14 +54,19 @@ def forward(q, k, v, copy: Copy | None = None) -> tuple[torch.Tensor, torch.Tens
     return out, stats
 
 
-def backward(q, k, v, out, stats, dout, copy: Copy | None = None) -> tuple[torch.Tensor, ...]:
-    """dq, dk, dv, each (B, T, H, D)."""
+def backward(q, k, v, out, stats, dout, copy: Copy | None = None, packed: bool = False) -> tuple[torch.Tensor, ...]:
+    """dq, dk, dv, each (B, T, H, D); `packed`: (dqkv,), one (B, T, 3 H D) tensor holding them."""
     B, H, T, D = q.shape
-    grads = [q.new_empty(B, T, H, D) for _ in range(3)]
+    if packed:
+        grads = (q.new_empty(B, T, 3 * H * D),)
+        pointers, row = [ctypes.c_void_p(grads[0].data_ptr() + i * H * D * 4) for i in range(3)], 3 * H * D
+    else:
+        grads = tuple(q.new_empty(B, T, H, D) for _ in range(3))
+        pointers, row = list(map(pointer, grads)), H * D
     KERNEL.function("attention_bwd", copy)(*map(pointer, (q, k, v, dout)), _strides(q, k, v, dout),
-                                           *_shape_args(q), pointer(out), pointer(stats), *map(pointer, grads),
-                                           ctypes.c_int(torch.get_num_threads()))
-    return tuple(grads)
+                                           *_shape_args(q), pointer(out), pointer(stats), *pointers,
+                                           ctypes.c_int64(row), ctypes.c_int(torch.get_num_threads()))
+    return grads
 
 
 class _CausalAttention(torch.autograd.Function):
@@ -82,6 +87,46 @@ class _CausalAttention(torch.autograd.Function):
         return tuple(g.transpose(1, 2) for g in backward(q, k, v, out, stats, dout))
 
 
+def _heads_of(qkv: torch.Tensor, heads: int) -> list[torch.Tensor]:
+    B, T, C3 = qkv.shape
+    return [t.view(B, T, heads, C3 // 3 // heads).transpose(1, 2) for t in qkv.split(C3 // 3, dim=2)]
+
+
+class _PackedCausalAttention(torch.autograd.Function):
+    """The same on c_attn's output itself, when q, k and v are its thirds as heads (the model
+    without qk-norm): the backward writes dq, dk and dv into one gradient of it, where autograd
+    would join three (a copy of c_attn's output's size a block, about 1% of a `tiny` step)."""
+
+    @staticmethod
+    def forward(ctx, qkv, heads: int):
+        q, k, v = _heads_of(qkv, heads)
+        out, stats = forward(q, k, v)
+        ctx.heads = heads
+        ctx.save_for_backward(qkv, out, stats)
+        return out.transpose(1, 2)
+
+    @staticmethod
+    def backward(ctx, dout):
+        qkv, out, stats = ctx.saved_tensors
+        if dout.stride(-1) != 1:
+            dout = dout.contiguous()
+        (dqkv,) = backward(*_heads_of(qkv, ctx.heads), out, stats, dout, packed=True)
+        return dqkv, None
+
+
+def packed_source(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+    """The (B, T, 3 H D) tensor q, k, v are the heads of (as CausalSelfAttention.heads views
+    them), or None. It is read from the views' common base (for nn.Linear on a 3-D input, its
+    2-D output), so the gradient reaches c_attn as through the views."""
+    base, (B, H, T, D) = q._base, q.shape
+    if (base is None or k._base is not base or v._base is not base or not base.is_contiguous()
+            or base.numel() != B * T * 3 * H * D):
+        return None
+    qkv = base.view(B, T, 3 * H * D)
+    return qkv if all(t.storage_offset() == w.storage_offset() and t.stride() == w.stride()
+                      for t, w in zip((q, k, v), _heads_of(qkv, H))) else None
+
+
 def handles(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether attention(q, k, v) goes to the kernel: float32 (B, H, T, D) on the CPU with the
     head dimension contiguous, eager, the kernel's form in use."""
@@ -91,7 +136,10 @@ def handles(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """softmax(q k^T / sqrt(D), causal) v, (B, H, T, D)."""
+    """softmax(q k^T / sqrt(D), causal) v, (B, H, T, D). The same bits either way."""
+    qkv = packed_source(q, k, v)
+    if qkv is not None:
+        return _PackedCausalAttention.apply(qkv, q.shape[1])
     return _CausalAttention.apply(q, k, v)
 
 

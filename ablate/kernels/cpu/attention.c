@@ -233,11 +233,14 @@ void CAT(attention_fwd_, ISA)(const float *q, const float *k, const float *v, co
     }
 }
 
-/* dq, dk, dv (B, T, H, D each) from the output's gradient `dout` (strides[9..11]). A row's
- * D_i = sum_d dout[i][d] o[i][d] (= sum_j P[i][j] dP[i][j]) is summed over d in order. */
+/* dq, dk, dv from the output's gradient `dout` (strides[9..11]), each position's H x D values
+ * `grad_row` floats after the last's: H D for three (B, T, H, D) tensors, 3 H D for one
+ * (B, T, 3 H D) gradient of c_attn's output, dk and dv at dq + H D and + 2 H D. A row's
+ * D_i = sum_d dout[i][d] o[i][d] (= sum_j P[i][j] dP[i][j]) is summed as row_dot does. */
 void CAT(attention_bwd_, ISA)(const float *q, const float *k, const float *v, const float *dout,
                               const int64_t *strides, int64_t B, int64_t H, int64_t T, int64_t D, float scale,
-                              const float *o, const float *stats, float *dq, float *dk, float *dv, int threads) {
+                              const float *o, const float *stats, float *dq, float *dk, float *dv, int64_t grad_row,
+                              int threads) {
     Strides sq = {strides[0], strides[1], strides[2]}, sk = {strides[3], strides[4], strides[5]},
             sv = {strides[6], strides[7], strides[8]}, sd = {strides[9], strides[10], strides[11]};
     int64_t Tp = up16(T), Dp = up16(D);
@@ -283,11 +286,11 @@ void CAT(attention_bwd_, ISA)(const float *q, const float *k, const float *v, co
                 accumulate_cols(ds, qp + i0 * Dp, keys, Tp, Dp, dkp);
                 weighted_rows(ds, kp, keys, Tp, Dp, dqrow);
                 for (int r = 0; r < ROWS && i0 + r < T; r++)
-                    copy_row(dq + ((b * T + i0 + r) * H + h) * D, dqrow + r * Dp, D);
+                    copy_row(dq + (b * T + i0 + r) * grad_row + h * D, dqrow + r * Dp, D);
             }
             for (int64_t t = 0; t < T; t++) {
-                copy_row(dk + ((b * T + t) * H + h) * D, dkp + t * Dp, D);
-                copy_row(dv + ((b * T + t) * H + h) * D, dvp + t * Dp, D);
+                copy_row(dk + (b * T + t) * grad_row + h * D, dkp + t * Dp, D);
+                copy_row(dv + (b * T + t) * grad_row + h * D, dvp + t * Dp, D);
             }
         }
         free(buf);
