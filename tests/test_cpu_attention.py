@@ -43,18 +43,22 @@ def in_float64(q, k, v, dout):
     return out.detach(), [t.grad for t in leaves]
 
 
+def assert_matches_float64(q, k, v, dout):
+    """The kernel's output and gradients as close to float64's as torch's float32 comes."""
+    out, grads = through_the_kernel(q, k, v, dout)
+    ref, ref_grads = in_float64(q, k, v, dout)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got.double(), want, atol=5e-5, rtol=1e-5)
+
+
 @needs_kernel
 @pytest.mark.parametrize("shape", [(2, 4, 64, 16), (2, 3, 37, 20), (1, 2, 130, 64), (3, 2, 1, 16), (1, 1, 5, 3)])
 def test_it_matches_float64_forward_and_backward(shape):
     """tiny's heads; a context and a head dimension off the 16-wide tiles; rows past 128; one
     position; a head dimension under one tile."""
     q, k, v = heads(*shape)
-    dout = torch.randn(q.shape)
-    out, grads = through_the_kernel(q, k, v, dout)
-    ref, ref_grads = in_float64(q, k, v, dout)
-    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
-    for got, want in zip(grads, ref_grads):
-        torch.testing.assert_close(got.double(), want, atol=5e-5, rtol=1e-5)
+    assert_matches_float64(q, k, v, torch.randn(q.shape))
 
 
 @needs_kernel
@@ -87,11 +91,7 @@ def test_contiguous_heads_and_a_strided_gradient_are_read_as_they_lie():
     any strides whose last is 1."""
     q, k, v = (t.contiguous() for t in heads(2, 2, 24, 16))
     dout = torch.randn(2, 24, 2, 32)[..., ::2].transpose(1, 2)  # last stride 2: copied first
-    out, grads = through_the_kernel(q, k, v, dout)
-    ref, ref_grads = in_float64(q, k, v, dout)
-    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
-    for got, want in zip(grads, ref_grads):
-        torch.testing.assert_close(got.double(), want, atol=5e-5, rtol=1e-5)
+    assert_matches_float64(q, k, v, dout)
 
 
 @needs_kernel
