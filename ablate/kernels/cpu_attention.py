@@ -70,8 +70,9 @@ def backward(q, k, v, out, stats, dout, copy: Copy | None = None, packed: bool =
 
 
 class _CausalAttention(torch.autograd.Function):
-    """Saves q, k, v (views of c_attn's output), the output and two floats a row: the backward
-    recomputes the probabilities, as flash attention does, instead of keeping T x T of them."""
+    """Saves q, k, v, the output and two floats a row: the backward recomputes the
+    probabilities, as flash attention does, instead of keeping T x T of them. Used where q, k, v
+    are not c_attn's output's heads (qk-norm's normalised queries and keys, a caller's own)."""
 
     @staticmethod
     def forward(ctx, q, k, v):
