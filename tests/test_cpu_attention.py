@@ -211,6 +211,23 @@ def test_a_run_on_the_kernel_is_refused_in_one_line_where_it_does_not_build(tmp_
     assert err.count("\n") == 1 and "'blocked'" in err and "attention" in err and "valid here: sdpa" in err
 
 
+@pytest.mark.skipif(len(COPIES) < 2 or not BLOCKED, reason="needs the AVX-512 and AVX2 copies")
+def test_a_pinned_copy_computes_every_call_the_backward_through_autograd_too(monkeypatch):
+    """The bench times each copy's forward and backward: pinned, autograd's backward runs it."""
+    called = []
+    real = cpu_attention.KERNEL.function
+    monkeypatch.setattr(cpu_attention.KERNEL, "function", lambda symbol, copy=None: called.append(
+        (symbol, (copy or cpu_attention.KERNEL._copy).isa)) or real(symbol, copy))
+    q, k, v = heads(1, 2, 16, 16)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    with cpu_attention.using("blocked"), cpu_attention.KERNEL.pinned(COPIES[-1]):
+        cpu_attention.attention(*leaves).sum().backward()
+    assert called == [("attention_fwd", COPIES[-1].isa), ("attention_bwd", COPIES[-1].isa)]
+    with cpu_attention.KERNEL.pinned(COPIES[-1]):
+        assert real("attention_bwd") is getattr(cpu_attention.library()[0], f"attention_bwd_{COPIES[-1].isa}")
+    assert real("attention_bwd") is getattr(cpu_attention.library()[0], f"attention_bwd_{COPIES[0].isa}")
+
+
 def test_the_bench_prints_each_copy_and_torchs_attention(capsys):
     from ablate.kernels import cpu_attention_bench
 

@@ -10,6 +10,7 @@ forward alone; bwd a backward through autograd (the engine's overhead on both si
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import torch
@@ -27,20 +28,26 @@ def _implementations(qkv: torch.Tensor, heads: int, dout: torch.Tensor) -> dict[
     B, T, C3 = qkv.shape
     q, k, v = (t.view(B, T, heads, C3 // 3 // heads).transpose(1, 2) for t in qkv.split(C3 // 3, dim=2))
 
-    def timed(forward, attention):
+    def timed(forward, attention, pin=contextlib.nullcontext):
         out = attention()  # the graph every bwd call runs back through
 
-        def bwd():
-            torch.autograd.grad(out, qkv, dout, retain_graph=True)
+        def fwd():
+            with pin():
+                forward()
 
-        return forward, bwd
+        def bwd():
+            with pin():
+                torch.autograd.grad(out, qkv, dout, retain_graph=True)
+
+        return fwd, bwd
 
     impls = {}
     if "blocked" in cpu_attention.available():
         for copy in cpu_attention.FORMS["blocked"]:
             if cpu_has(*copy.needs):
-                impls[copy.isa] = timed(lambda copy=copy: cpu_attention.forward(q, k, v, copy),
-                                        lambda: cpu_attention.attention(q, k, v))
+                impls[copy.isa] = timed(lambda: cpu_attention.forward(q, k, v),
+                                        lambda: cpu_attention.attention(q, k, v),
+                                        lambda copy=copy: cpu_attention.KERNEL.pinned(copy))
     impls["torch sdpa"] = timed(lambda: F.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(),
                                                                        is_causal=True),
                                 lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))

@@ -72,6 +72,7 @@ class CpuKernel:
         self.copies = [c for copies in forms.values() for c in copies]
         self._lib: list = []  # [(ctypes library, why not)], built or found once per process
         self._form: str | None = None  # the form in use for the current run (None: the best available)
+        self._copy: Copy | None = None  # a copy pinned by `pinned` (None: the form's fastest here)
 
     def _build(self, cc: str) -> Path:
         """Compile every copy into one shared library named by the hash of the sources, the
@@ -144,9 +145,20 @@ class CpuKernel:
     def current(self) -> str:
         return self._form or self.best()
 
+    @contextlib.contextmanager
+    def pinned(self, copy: Copy):
+        """Run every call through `copy` (one this CPU runs), autograd's backward included: a
+        bench times each copy of a form, which give the same bits."""
+        old, self._copy = self._copy, copy
+        try:
+            yield
+        finally:
+            self._copy = old
+
     def function(self, symbol: str, copy: Copy | None = None):
-        """The ctypes function `symbol` of `copy` (default: the current form's fastest here)."""
-        isa = (copy or self.copy_for(self.current())).isa
+        """The ctypes function `symbol` of `copy` (default: the pinned copy, else the current
+        form's fastest here)."""
+        isa = (copy or self._copy or self.copy_for(self.current())).isa
         return getattr(self.library()[0], f"{symbol}_{isa}")
 
 
