@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from ablate.cli import main
 from ablate.kernels import cpu_gelu
+from ablate.kernels.cpu_build import cpu_has
 from ablate.kernels.reference import ReferenceBackend
 
 FUSED = [f for f in cpu_gelu.available() if f != cpu_gelu.PASSES]
@@ -91,7 +92,7 @@ def test_polys_threads_compute_in_the_callers_flush_to_zero_mode(threads):
     assert (out[0][0][4096:] == 0).all()  # read as 0 on every thread
 
 
-POLY_COPIES = [c for c in cpu_gelu.FORMS["poly"] if cpu_gelu._cpu_has(*c.needs)]
+POLY_COPIES = [c for c in cpu_gelu.FORMS["poly"] if cpu_has(*c.needs)]
 
 
 @pytest.mark.skipif(len(POLY_COPIES) < 2 or cpu_gelu.library()[0] is None, reason="needs AVX-512 and AVX2 copies")

@@ -88,7 +88,9 @@ class _CausalAttention(torch.autograd.Function):
         return tuple(g.transpose(1, 2) for g in backward(q, k, v, out, stats, dout))
 
 
-def _heads_of(qkv: torch.Tensor, heads: int) -> list[torch.Tensor]:
+def heads_of(qkv: torch.Tensor, heads: int) -> list[torch.Tensor]:
+    """q, k, v as (B, H, T, D) views of a (B, T, 3 H D) tensor: c_attn's output as the model
+    splits it, the layout the kernel takes whole."""
     B, T, C3 = qkv.shape
     return [t.view(B, T, heads, C3 // 3 // heads).transpose(1, 2) for t in qkv.split(C3 // 3, dim=2)]
 
@@ -100,7 +102,7 @@ class _PackedCausalAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, qkv, heads: int):
-        q, k, v = _heads_of(qkv, heads)
+        q, k, v = heads_of(qkv, heads)
         out, stats = forward(q, k, v)
         ctx.heads = heads
         ctx.save_for_backward(qkv, out, stats)
@@ -111,7 +113,7 @@ class _PackedCausalAttention(torch.autograd.Function):
         qkv, out, stats = ctx.saved_tensors
         if dout.stride(-1) != 1:
             dout = dout.contiguous()
-        (dqkv,) = backward(*_heads_of(qkv, ctx.heads), out, stats, dout, packed=True)
+        (dqkv,) = backward(*heads_of(qkv, ctx.heads), out, stats, dout, packed=True)
         return dqkv, None
 
 
@@ -125,7 +127,7 @@ def packed_source(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Te
         return None
     qkv = base.view(B, T, 3 * H * D)
     return qkv if all(t.storage_offset() == w.storage_offset() and t.stride() == w.stride()
-                      for t, w in zip((q, k, v), _heads_of(qkv, H))) else None
+                      for t, w in zip((q, k, v), heads_of(qkv, H))) else None
 
 
 def handles(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:

@@ -25,8 +25,7 @@ DEFAULT = (16, 4, 64, 16)
 
 def _implementations(qkv: torch.Tensor, heads: int, dout: torch.Tensor) -> dict[str, tuple]:
     """name -> (forward, backward) callables."""
-    B, T, C3 = qkv.shape
-    q, k, v = (t.view(B, T, heads, C3 // 3 // heads).transpose(1, 2) for t in qkv.split(C3 // 3, dim=2))
+    q, k, v = cpu_attention.heads_of(qkv, heads)
 
     def timed(forward, attention, pin=contextlib.nullcontext):
         out = attention()  # the graph every bwd call runs back through

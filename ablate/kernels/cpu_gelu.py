@@ -25,7 +25,7 @@ import ctypes
 
 import torch
 
-from ablate.kernels.cpu_build import AVX512, AVX512_NEEDS, EXACT, FAST, Copy, CpuKernel, cpu_has, pointer
+from ablate.kernels.cpu_build import AVX512, AVX512_NEEDS, EXACT, FAST, Copy, CpuKernel, pointer
 
 PASSES = "passes"
 # form -> its copies, fastest first: a machine computes a form with the first copy its CPU runs.
@@ -39,7 +39,6 @@ KERNEL = CpuKernel("gelu_tanh", FORMS, PASSES, ("gelu_tanh_fwd", "gelu_tanh_bwd"
                    headers=("exp_poly.h", "thread_mode.h"))
 COPIES = KERNEL.copies
 library, available, best, using, current = KERNEL.library, KERNEL.available, KERNEL.best, KERNEL.using, KERNEL.current
-_cpu_has = cpu_has
 
 
 def _call(kind: str, *tensors: torch.Tensor, copy: Copy | None = None) -> None:

@@ -111,7 +111,7 @@ static void tile_products(const float *a, const float *bt, int64_t Dp, int64_t T
 }
 
 /* out[r][d] = sum_{j < keys} w[r][j] x[j][d], j ascending, for ROWS rows of w (row stride Tp)
- * and the Dp columns of x (row stride Dp); then out[r][d] *= mul[r] (NULL: 1). */
+ * and the Dp columns of x (row stride Dp). */
 static void weighted_rows(const float *w, const float *x, int64_t keys, int64_t Tp, int64_t Dp, float *out) {
     for (int64_t d0 = 0; d0 < Dp; d0 += LANES) {
         float acc[ROWS][LANES] = {{0}};
@@ -185,9 +185,15 @@ static void softmax_rows(float *s, int64_t i0, int64_t cols, int64_t Tp, float *
     }
 }
 
-/* Scratch floats one (batch, head) needs: forward 3 packed heads + ROWS score rows; backward
- * 6 packed + 2 accumulators + 2 x ROWS rows. */
-static int64_t scratch_floats(int64_t Tp, int64_t Dp) { return 8 * Tp * Dp + 2 * ROWS * Tp + 2 * ROWS * Dp + Tp; }
+/* Scratch floats a thread needs for one (batch, head), the larger of the two passes': forward 3
+ * packed heads, ROWS score rows and ROWS output rows; backward 5 packed heads, the dk and dv
+ * accumulators, ROWS rows of P and of dS, ROWS dq rows and each row's D_i. */
+static int64_t scratch_floats(int64_t Tp, int64_t Dp) { return 7 * Tp * Dp + 2 * ROWS * Tp + ROWS * Dp + Tp; }
+
+/* The (batch, head, position) strides of the i-th tensor in the callers' array. */
+static Strides strides_of(const int64_t *strides, int i) {
+    return (Strides){strides[3 * i], strides[3 * i + 1], strides[3 * i + 2]};
+}
 
 /* sum_d a[d] b[d] over Dp (a multiple of LANES) in LANES lanes, then pairwise across them. */
 static float row_dot(const float *a, const float *b, int64_t Dp) {
@@ -201,8 +207,7 @@ static float row_dot(const float *a, const float *b, int64_t Dp) {
 void CAT(attention_fwd_, ISA)(const float *q, const float *k, const float *v, const int64_t *strides,
                               int64_t B, int64_t H, int64_t T, int64_t D, float scale, float *o, float *stats,
                               int threads) {
-    Strides sq = {strides[0], strides[1], strides[2]}, sk = {strides[3], strides[4], strides[5]},
-            sv = {strides[6], strides[7], strides[8]};
+    Strides sq = strides_of(strides, 0), sk = strides_of(strides, 1), sv = strides_of(strides, 2);
     int64_t Tp = up16(T), Dp = up16(D);
     unsigned int mode = _mm_getcsr();
 #pragma omp parallel num_threads(threads)
@@ -244,8 +249,8 @@ void CAT(attention_bwd_, ISA)(const float *q, const float *k, const float *v, co
                               const int64_t *strides, int64_t B, int64_t H, int64_t T, int64_t D, float scale,
                               const float *o, const float *stats, float *dq, float *dk, float *dv, int64_t grad_row,
                               int threads) {
-    Strides sq = {strides[0], strides[1], strides[2]}, sk = {strides[3], strides[4], strides[5]},
-            sv = {strides[6], strides[7], strides[8]}, sd = {strides[9], strides[10], strides[11]};
+    Strides sq = strides_of(strides, 0), sk = strides_of(strides, 1), sv = strides_of(strides, 2),
+            sd = strides_of(strides, 3);
     int64_t Tp = up16(T), Dp = up16(D);
     unsigned int mode = _mm_getcsr();
 #pragma omp parallel num_threads(threads)
