@@ -1,6 +1,7 @@
 """The CPU attention kernel (ablate/kernels/cpu_attention.py): parity with float64, the layouts
 the model hands it, bits that depend neither on the thread count nor on the vector width, and
 runs that keep the form they started with."""
+import hashlib
 import json
 
 import pytest
@@ -165,6 +166,27 @@ def test_the_avx512_and_avx2_copies_give_the_same_bits(shape):
         out, stats = cpu_attention.forward(q, k, v, copy)
         outs.append((out, stats, *cpu_attention.backward(q, k, v, out, stats, dout, copy)))
     assert all(torch.equal(a, b) for a, b in zip(*outs))
+
+
+# sha256 of `blocked`'s output, row statistics and three gradients on the exact inputs below (multiples of
+# 1/256), computed by the build of 2026-12-02: a form is its bits, whatever a later rewrite of the kernel.
+BLOCKED_BITS = {(2, 4, 64, 16): "979a0e6b3fc68621", (1, 3, 37, 20): "153c5d5d5728f30d"}
+
+
+@pytest.mark.skipif(not COPIES or not BLOCKED, reason="no blocked copy here")
+@pytest.mark.parametrize("shape", list(BLOCKED_BITS))
+@pytest.mark.parametrize("copy", COPIES, ids=lambda c: c.isa)
+def test_blockeds_bits_are_those_it_first_computed(copy, shape):
+    def exact(n):  # the same floats on any machine
+        return ((torch.arange(n, dtype=torch.int64) * 7919) % 2003 - 1001).to(torch.float32) / 256
+
+    B, H, T, D = shape
+    q, k, v = cpu_attention.heads_of(exact(B * T * 3 * H * D).view(B, T, 3 * H * D), H)
+    dout = exact(B * T * H * D).flip(0).view(B, T, H, D).transpose(1, 2)
+    out, stats = cpu_attention.forward(q, k, v, copy)
+    tensors = (out, stats, *cpu_attention.backward(q, k, v, out, stats, dout, copy))
+    digest = hashlib.sha256(b"".join(t.contiguous().numpy().tobytes() for t in tensors)).hexdigest()[:16]
+    assert digest == BLOCKED_BITS[shape]
 
 
 def test_the_sdpa_form_is_torchs_attention_bit_for_bit():

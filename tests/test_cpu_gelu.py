@@ -1,6 +1,7 @@
 """The fused CPU tanh-GELU (ablate/kernels/cpu_gelu.py): parity with the float64 reference,
 bits that do not depend on the thread count, the fallback where it cannot be built, and runs
 that keep the form they started with."""
+import hashlib
 import json
 
 import pytest
@@ -225,3 +226,31 @@ def test_the_forms_bench_refuses_a_bad_dimension_in_one_line(arg, capsys):
     assert cpu_gelu_bench.main(["4", arg]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1 and repr(arg) in captured.err
+
+
+def _digest(*tensors: torch.Tensor) -> str:
+    return hashlib.sha256(b"".join(t.contiguous().numpy().tobytes() for t in tensors)).hexdigest()[:16]
+
+
+# sha256 of `poly`'s output and gradient on the inputs below, computed by its first build (the
+# scalar C loops GCC vectorized, 2026-12-02), flush-to-zero off and on. A form is its bits: a
+# faster rewrite of the kernel must give these (the vec.h rewrite was also checked on every float32).
+POLY_BITS = {False: "42ec095ce8d74dc7", True: "dd5653f839904102"}
+
+
+@pytest.mark.skipif(not POLY_COPIES or cpu_gelu.library()[0] is None, reason="no poly copy here")
+@pytest.mark.parametrize("flush", [False, True])
+@pytest.mark.parametrize("copy", POLY_COPIES, ids=lambda c: c.isa)
+def test_polys_bits_are_those_it_first_computed(copy, flush, threads):
+    bits = torch.arange(0, 1 << 32, 65521, dtype=torch.int64)  # every exponent, NaNs, infinities, subnormals
+    x = torch.where(bits >= 1 << 31, bits - (1 << 32), bits).to(torch.int32).view(torch.float32)
+    dy = x.flip(0).clone()
+    y, dx = torch.empty_like(x), torch.empty_like(x)
+    threads(2)
+    torch.set_flush_denormal(flush)
+    try:
+        cpu_gelu._call("fwd", x, y, copy=copy)
+        cpu_gelu._call("bwd", x, dy, dx, copy=copy)
+    finally:
+        torch.set_flush_denormal(False)
+    assert _digest(y, dx) == POLY_BITS[flush]

@@ -20,7 +20,7 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
-from ablate.kernels.cpu_build import AVX512, AVX512_NEEDS, EXACT, Copy, CpuKernel, pointer
+from ablate.kernels.cpu_build import AVX512, AVX512_NEEDS, EXACT, Copy, CpuKernel
 
 SDPA = "sdpa"
 # Loop distribution would turn the 64-byte row copies into calls to memcpy (10% of the time).
@@ -29,44 +29,72 @@ FORMS = {
     "blocked": (Copy("blocked_avx512", "attention.c", (*_FLAGS, *AVX512), AVX512_NEEDS),
                 Copy("blocked_avx2", "attention.c", (*_FLAGS, "-mavx2", "-mfma"), ("avx2", "fma"))),
 }
-KERNEL = CpuKernel("attention", FORMS, SDPA, ("attention_fwd", "attention_bwd"),
-                   headers=("exp_poly.h", "thread_mode.h"))
+_P, _I64, _I, _F, _ARRAY = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.POINTER(ctypes.c_int64)
+SIGNATURES = {  # argument types, so a call passes Python ints and floats (ctypes converts them in C)
+    "attention_fwd": (_P, _P, _P, _ARRAY, _I64, _I64, _I64, _I64, _F, _P, _P, _I),
+    "attention_bwd": (_P, _P, _P, _P, _ARRAY, _I64, _I64, _I64, _I64, _F, _P, _P, _P, _P, _P, _I64, _I),
+}
+KERNEL = CpuKernel("attention", FORMS, SDPA, SIGNATURES, headers=("exp_poly.h", "thread_mode.h"))
 library, available, best, using, current = KERNEL.library, KERNEL.available, KERNEL.best, KERNEL.using, KERNEL.current
 
-
-def _strides(*tensors: torch.Tensor):
-    """The (batch, head, position) strides of each (B, H, T, D) tensor, in one int64 array."""
-    values = [s for t in tensors for s in t.stride()[:3]]
-    return (ctypes.c_int64 * len(values))(*values)
+# The kernels take each tensor as its data pointer and (batch, head, position) strides, in one
+# int64 array a call; a training step passes the same strides every time, so each array is kept.
+_ARRAYS: dict[tuple[int, ...], ctypes.Array] = {}
 
 
-def _shape_args(q: torch.Tensor) -> list:
-    B, H, T, D = q.shape
-    return [*(ctypes.c_int64(n) for n in (B, H, T, D)), ctypes.c_float(D ** -0.5)]
+def _array(strides: tuple[int, ...]) -> ctypes.Array:
+    if strides not in _ARRAYS:
+        if len(_ARRAYS) > 256:  # shapes that come and go (a test's, a bench's)
+            _ARRAYS.clear()
+        _ARRAYS[strides] = (ctypes.c_int64 * len(strides))(*strides)
+    return _ARRAYS[strides]
+
+
+def _heads(*tensors: torch.Tensor) -> tuple[list[int], tuple[int, ...]]:
+    """Data pointers and strides of (B, H, T, D) tensors, as the kernels take them."""
+    return [t.data_ptr() for t in tensors], tuple(s for t in tensors for s in t.stride()[:3])
+
+
+def _packed_heads(qkv: torch.Tensor, heads: int) -> tuple[list[int], tuple[int, ...]]:
+    """The same for heads_of(qkv, heads)'s q, k and v, without making the views (~15 us)."""
+    B, T, C3 = qkv.shape
+    base, C = qkv.data_ptr(), C3 // 3
+    return [base + i * C * 4 for i in range(3)], (T * C3, C // heads, C3) * 3
+
+
+def _forward(pointers: list[int], strides: tuple[int, ...], shape: torch.Size, copy: Copy | None = None):
+    B, H, T, D = shape
+    out, stats = torch.empty(B, T, H, D, dtype=torch.float32), torch.empty(B, H, T, 2, dtype=torch.float32)
+    KERNEL.function("attention_fwd", copy)(*pointers, _array(strides), B, H, T, D, D ** -0.5, out.data_ptr(),
+                                           stats.data_ptr(), torch.get_num_threads())
+    return out, stats
+
+
+def _backward(pointers: list[int], strides: tuple[int, ...], shape: torch.Size, out: torch.Tensor,
+              stats: torch.Tensor, dout: torch.Tensor, grads: list[int], grad_row: int, copy: Copy | None = None):
+    """Writes dq, dk, dv at the pointers `grads`, rows `grad_row` floats apart."""
+    B, H, T, D = shape
+    (dout_pointer,), dout_strides = _heads(dout)
+    KERNEL.function("attention_bwd", copy)(*pointers, dout_pointer, _array(strides + dout_strides), B, H, T, D,
+                                           D ** -0.5, out.data_ptr(), stats.data_ptr(), *grads, grad_row,
+                                           torch.get_num_threads())
 
 
 def forward(q, k, v, copy: Copy | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The output (B, T, H, D) and each row's softmax maximum and sum (B, H, T, 2)."""
-    B, H, T, D = q.shape
-    out, stats = q.new_empty(B, T, H, D), q.new_empty(B, H, T, 2)
-    KERNEL.function("attention_fwd", copy)(*map(pointer, (q, k, v)), _strides(q, k, v), *_shape_args(q),
-                                           pointer(out), pointer(stats), ctypes.c_int(torch.get_num_threads()))
-    return out, stats
+    return _forward(*_heads(q, k, v), q.shape, copy)
 
 
-def backward(q, k, v, out, stats, dout, copy: Copy | None = None, packed: bool = False) -> tuple[torch.Tensor, ...]:
-    """dq, dk, dv, each (B, T, H, D); `packed`: (dqkv,), one (B, T, 3 H D) tensor holding them."""
+def backward(q, k, v, out, stats, dout, copy: Copy | None = None) -> tuple[torch.Tensor, ...]:
+    """dq, dk, dv, each (B, T, H, D)."""
     B, H, T, D = q.shape
-    if packed:
-        grads = (q.new_empty(B, T, 3 * H * D),)
-        pointers, row = [ctypes.c_void_p(grads[0].data_ptr() + i * H * D * 4) for i in range(3)], 3 * H * D
-    else:
-        grads = tuple(q.new_empty(B, T, H, D) for _ in range(3))
-        pointers, row = list(map(pointer, grads)), H * D
-    KERNEL.function("attention_bwd", copy)(*map(pointer, (q, k, v, dout)), _strides(q, k, v, dout),
-                                           *_shape_args(q), pointer(out), pointer(stats), *pointers,
-                                           ctypes.c_int64(row), ctypes.c_int(torch.get_num_threads()))
+    grads = tuple(torch.empty(B, T, H, D, dtype=torch.float32) for _ in range(3))
+    _backward(*_heads(q, k, v), q.shape, out, stats, dout, [g.data_ptr() for g in grads], H * D, copy)
     return grads
+
+
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
 
 
 class _CausalAttention(torch.autograd.Function):
@@ -83,9 +111,7 @@ class _CausalAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, stats = ctx.saved_tensors
-        if dout.stride(-1) != 1:
-            dout = dout.contiguous()
-        return tuple(g.transpose(1, 2) for g in backward(q, k, v, out, stats, dout))
+        return tuple(g.transpose(1, 2) for g in backward(q, k, v, out, stats, _last_dim_contiguous(dout)))
 
 
 def heads_of(qkv: torch.Tensor, heads: int) -> list[torch.Tensor]:
@@ -102,8 +128,9 @@ class _PackedCausalAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, qkv, heads: int):
-        q, k, v = heads_of(qkv, heads)
-        out, stats = forward(q, k, v)
+        B, T, C3 = qkv.shape
+        ctx.shape = torch.Size((B, heads, T, C3 // 3 // heads))
+        out, stats = _forward(*_packed_heads(qkv, heads), ctx.shape)
         ctx.heads = heads
         ctx.save_for_backward(qkv, out, stats)
         return out.transpose(1, 2)
@@ -111,23 +138,28 @@ class _PackedCausalAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         qkv, out, stats = ctx.saved_tensors
-        if dout.stride(-1) != 1:
-            dout = dout.contiguous()
-        (dqkv,) = backward(*heads_of(qkv, ctx.heads), out, stats, dout, packed=True)
+        dqkv = torch.empty(qkv.shape, dtype=torch.float32)
+        C3 = qkv.shape[2]
+        _backward(*_packed_heads(qkv, ctx.heads), ctx.shape, out, stats, _last_dim_contiguous(dout),
+                  [dqkv.data_ptr() + i * C3 // 3 * 4 for i in range(3)], C3)
         return dqkv, None
 
 
 def packed_source(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
-    """The (B, T, 3 H D) tensor q, k, v are the heads of (as CausalSelfAttention.heads views
-    them), or None. It is read from the views' common base (for nn.Linear on a 3-D input, its
-    2-D output), so the gradient reaches c_attn as through the views."""
+    """The (B, T, 3 H D) tensor q, k, v are the heads of (as heads_of views them), or None. It
+    is read from the views' common base (for nn.Linear on a 3-D input, its 2-D output), so the
+    gradient reaches c_attn as through the views. Checked from strides and offsets, as heads_of
+    would make them: building those views costs more than the kernel's call (~30 us)."""
     base, (B, H, T, D) = q._base, q.shape
     if (base is None or k._base is not base or v._base is not base or not base.is_contiguous()
             or base.numel() != B * T * 3 * H * D):
         return None
-    qkv = base.view(B, T, 3 * H * D)
-    return qkv if all(t.storage_offset() == w.storage_offset() and t.stride() == w.stride()
-                      for t, w in zip((q, k, v), heads_of(qkv, H))) else None
+    strides, start = (T * 3 * H * D, D, 3 * H * D, 1), base.storage_offset()
+    for i, t in enumerate((q, k, v)):  # a dimension of size 1 may have any stride
+        if t.storage_offset() != start + i * H * D or any(
+                n > 1 and s != want for n, s, want in zip(t.shape, t.stride(), strides)):
+            return None
+    return base.view(B, T, 3 * H * D)
 
 
 def handles(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:

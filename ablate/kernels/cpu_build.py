@@ -63,16 +63,21 @@ def cpu_has(*flags: str) -> bool:
 
 class CpuKernel:
     """An op's C kernel: `forms` maps a form to its copies, fastest first (best form first);
-    `fallback` names the torch-ops form; `symbols` are the functions each copy defines, named
-    `{symbol}_{copy.isa}`; `headers` the sources' includes (part of the build's hash)."""
+    `fallback` names the torch-ops form; `symbols` maps the functions each copy defines, named
+    `{symbol}_{copy.isa}`, to their ctypes argument types; `headers` the sources' includes
+    (part of the build's hash)."""
 
-    def __init__(self, name: str, forms: dict[str, tuple[Copy, ...]], fallback: str, symbols: tuple[str, ...],
+    def __init__(self, name: str, forms: dict[str, tuple[Copy, ...]], fallback: str, symbols: dict[str, tuple],
                  headers: tuple[str, ...] = ()):
         self.name, self.forms, self.fallback, self.symbols, self.headers = name, forms, fallback, symbols, headers
         self.copies = [c for copies in forms.values() for c in copies]
         self._lib: list = []  # [(ctypes library, why not)], built or found once per process
         self._form: str | None = None  # the form in use for the current run (None: the best available)
         self._copy: Copy | None = None  # a copy pinned by `pinned` (None: the form's fastest here)
+        # Looked up on every call of a training step, so kept once found (for the _lib they came from).
+        self._best: tuple[list, str] | None = None
+        self._copy_of: dict[str, Copy | None] = {}
+        self._functions: tuple[list, dict] = (self._lib, {})
 
     def _build(self, cc: str) -> Path:
         """Compile every copy into one shared library named by the hash of the sources, the
@@ -112,8 +117,9 @@ class CpuKernel:
                 try:
                     lib = ctypes.CDLL(str(self._build(cc)))
                     for copy in self.copies:
-                        for symbol in self.symbols:
-                            getattr(lib, f"{symbol}_{copy.isa}").restype = None
+                        for symbol, argtypes in self.symbols.items():
+                            function = getattr(lib, f"{symbol}_{copy.isa}")
+                            function.restype, function.argtypes = None, argtypes
                     self._lib.append((lib, None))
                 except (OSError, subprocess.SubprocessError) as e:
                     detail = (getattr(e, "stderr", b"") or b"").decode(errors="replace")[:200] or e
@@ -122,7 +128,9 @@ class CpuKernel:
 
     def copy_for(self, form: str) -> Copy | None:
         """The fastest copy of `form` this CPU runs (None: none does)."""
-        return next((c for c in self.forms[form] if cpu_has(*c.needs)), None)
+        if form not in self._copy_of:
+            self._copy_of[form] = next((c for c in self.forms[form] if cpu_has(*c.needs)), None)
+        return self._copy_of[form]
 
     def available(self) -> list[str]:
         """The forms this machine can compute, best first (the fallback always)."""
@@ -131,7 +139,10 @@ class CpuKernel:
         return [form for form in self.forms if self.copy_for(form) is not None] + [self.fallback]
 
     def best(self) -> str:
-        return self.available()[0]
+        if self._best is None or self._best[0] is not self._lib:
+            self.library()
+            self._best = (self._lib, self.available()[0])
+        return self._best[1]
 
     @contextlib.contextmanager
     def using(self, form: str):
@@ -159,8 +170,10 @@ class CpuKernel:
         """The ctypes function `symbol` of `copy` (default: the pinned copy, else the current
         form's fastest here)."""
         isa = (copy or self._copy or self.copy_for(self.current())).isa
-        return getattr(self.library()[0], f"{symbol}_{isa}")
+        if self._functions[0] is not self._lib:
+            self._functions = (self._lib, {})
+        found = self._functions[1]
+        if (symbol, isa) not in found:
+            found[symbol, isa] = getattr(self.library()[0], f"{symbol}_{isa}")
+        return found[symbol, isa]
 
-
-def pointer(t: torch.Tensor) -> ctypes.c_void_p:
-    return ctypes.c_void_p(t.data_ptr())

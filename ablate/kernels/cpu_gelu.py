@@ -25,7 +25,7 @@ import ctypes
 
 import torch
 
-from ablate.kernels.cpu_build import AVX512, AVX512_NEEDS, EXACT, FAST, Copy, CpuKernel, pointer
+from ablate.kernels.cpu_build import AVX512, AVX512_NEEDS, EXACT, FAST, Copy, CpuKernel
 
 PASSES = "passes"
 # form -> its copies, fastest first: a machine computes a form with the first copy its CPU runs.
@@ -35,16 +35,18 @@ FORMS = {
     "fused-avx2": (Copy("avx2", "gelu_tanh.c", (*FAST, "-mavx2", "-mfma"), ("avx2", "fma")),),
     "fused-sse2": (Copy("sse2", "gelu_tanh.c", FAST, ()),),
 }
-KERNEL = CpuKernel("gelu_tanh", FORMS, PASSES, ("gelu_tanh_fwd", "gelu_tanh_bwd"),
-                   headers=("exp_poly.h", "thread_mode.h"))
+_P = ctypes.c_void_p
+SIGNATURES = {"gelu_tanh_fwd": (_P, _P, ctypes.c_int64, ctypes.c_int),
+              "gelu_tanh_bwd": (_P, _P, _P, ctypes.c_int64, ctypes.c_int)}
+KERNEL = CpuKernel("gelu_tanh", FORMS, PASSES, SIGNATURES, headers=("vec.h", "exp_poly.h", "thread_mode.h"))
 COPIES = KERNEL.copies
 library, available, best, using, current = KERNEL.library, KERNEL.available, KERNEL.best, KERNEL.using, KERNEL.current
 
 
 def _call(kind: str, *tensors: torch.Tensor, copy: Copy | None = None) -> None:
     """Run the `kind` ("fwd", "bwd") kernel of `copy` (default: the current form's fastest here)."""
-    KERNEL.function(f"gelu_tanh_{kind}", copy)(*map(pointer, tensors), ctypes.c_int64(tensors[0].numel()),
-                                               ctypes.c_int(torch.get_num_threads()))
+    KERNEL.function(f"gelu_tanh_{kind}", copy)(*(t.data_ptr() for t in tensors), tensors[0].numel(),
+                                               torch.get_num_threads())
 
 
 class _GeluTanhFused(torch.autograd.Function):

@@ -4,19 +4,21 @@
  * y = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), computed as x / (1 + exp(-2u))
  * (the same function), as gelu_tanh.c does. That file calls glibc's vector expf, a function
  * call per vector that spills registers and, with the division, cost about 1.3 ns an element
- * here, twice torch's erf GELU; the exponential below is inlined (Cody-Waite reduction by
- * ln 2, a degree-7 polynomial, 2^n built in the exponent bits) and the loops vectorize whole.
+ * here, twice torch's erf GELU; the exponential here is inlined (exp_poly.h) and the loops are
+ * written in vec.h's vectors: GCC vectorized the scalar form of this file into twice the
+ * compares and blends its clamps need (fminf would not vectorize at all).
  *
- * Bits: built without fast math (IEEE operations, fused multiply-adds only where fmaf is
- * written), so the AVX2 and AVX-512 copies compute every element by the same operations and
- * give the same bits (tested); the work is cut into fixed BLOCK-element blocks from index 0,
- * so an element's result never depends on the thread count either, and every thread computes in
- * the caller's flush-to-zero mode (thread_mode.h).
+ * Bits: IEEE operations only, fused multiply-adds where written, so the AVX2 and AVX-512
+ * copies compute every element by the same operations and give the same bits (tested), and so
+ * did the scalar form this replaced (every float32 input compared, both directions); the work
+ * is cut into fixed BLOCK-element blocks from index 0, so an element's result never depends on
+ * the thread count either, and every thread computes in the caller's flush-to-zero mode
+ * (thread_mode.h). An array's last few elements go through the same vector code, padded.
  */
-#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "vec.h"
 #include "exp_poly.h"
 #include "thread_mode.h"
 
@@ -30,54 +32,64 @@
 
 /* Beyond |x| = TAIL the function is x or 0 to float precision (at x = 9.5, exp(-2u) = 7e-34)
  * and so is its derivative, 1 or 0; inside it exp(-2u) stays within [7e-34, 1.4e33], normal
- * floats, so no cap or overflow is needed and no subnormal is made. Past it y is x (x > 0) or
- * 0 * x (x < 0: -0, and NaN at -inf, as torch's 0.5 x (1 + tanh u) gives); a NaN x fails both
- * tests and stays NaN through the formula. */
+ * floats, so no cap or overflow is needed and no subnormal is made. Past it y is x (x > 0:
+ * x / (1 + exp(-2u(TAIL))) is x / 1) or 0 * x (x < 0: -0, and NaN at -inf, as torch's
+ * 0.5 x (1 + tanh u) gives); a NaN x fails both tests and stays NaN through the formula. */
 #define TAIL 9.5f
 
-/* exp(-2u) for |v| <= TAIL, so sigmoid(2u) = 1 / (1 + exp(-2u)); the clamp keeps a NaN or
- * tail v's (unused) lane inside exp_poly's range. */
-static inline float e2u(float v) {
-    float c = v > TAIL ? TAIL : (v < -TAIL ? -TAIL : v);
-    return exp_poly(-c * fmaf(KC * c, c, K));
+/* exp(-2u) at x clamped to [-TAIL, TAIL] (a NaN x to -TAIL: x86's max takes its second
+ * operand), so sigmoid(2u) = 1 / (1 + exp(-2u)); -2u = c * -(KC c c + K). */
+static inline vf e2u(vf x) {
+    vf c = v_min(v_max(x, v_set(-TAIL)), v_set(TAIL));
+    return exp_poly_v(v_mul(c, v_fnms(v_mul(v_set(KC), c), c, v_set(K))));
+}
+
+static inline vf gelu(vf x) {
+    vf inner = v_div(x, v_add(v_set(1.0f), e2u(x)));
+    return v_select(v_lt(x, v_set(-TAIL)), v_mul(v_set(0.0f), x), inner);
+}
+
+/* d/dx x s(2u) = s + x s (1 - s) d(2u)/dx, d(2u)/dx = K + 3 KC x^2, s = sigmoid(2u), 1 - s = e s
+ * (without cancelling). */
+static inline vf gelu_grad(vf x, vf dy) {
+    vf e = e2u(x), s = v_div(v_set(1.0f), v_add(v_set(1.0f), e)), t = v_mul(e, s);
+    vf inner = v_fma(v_mul(v_mul(x, s), t), v_fma(v_mul(v_set(3.0f * KC), x), x, v_set(K)), s);
+    vf slope = v_select(v_gt(x, v_set(TAIL)), v_set(1.0f), inner);
+    return v_mul(v_select(v_lt(x, v_set(-TAIL)), v_mul(v_set(0.0f), x), slope), dy);
+}
+
+/* y[i] = gelu(x[i]) (dy NULL) or dx[i] = gelu'(x[i]) dy[i], for i in [lo, hi). */
+static inline void run(const float *x, const float *dy, float *out, int64_t lo, int64_t hi) {
+    int64_t i = lo;
+    for (; i + VW <= hi; i += VW)
+        v_store(out + i, dy ? gelu_grad(v_load(x + i), v_load(dy + i)) : gelu(v_load(x + i)));
+    if (i < hi) {
+        float xs[VW] = {0}, dys[VW] = {0}, outs[VW];
+        memcpy(xs, x + i, (hi - i) * sizeof(float));
+        if (dy)
+            memcpy(dys, dy + i, (hi - i) * sizeof(float));
+        v_store(outs, dy ? gelu_grad(v_load(xs), v_load(dys)) : gelu(v_load(xs)));
+        memcpy(out + i, outs, (hi - i) * sizeof(float));
+    }
+}
+
+static void run_blocks(const float *x, const float *dy, float *out, int64_t n, int threads) {
+    int64_t blocks = (n + BLOCK - 1) / BLOCK;
+    unsigned int mode = _mm_getcsr();
+#pragma omp parallel num_threads(threads)
+    {
+        unsigned int own = take_mode(mode);
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < blocks; b++)
+            run(x, dy, out, b * BLOCK, b * BLOCK + BLOCK < n ? b * BLOCK + BLOCK : n);
+        _mm_setcsr(own);
+    }
 }
 
 void CAT(gelu_tanh_fwd_, ISA)(const float *x, float *y, int64_t n, int threads) {
-    int64_t blocks = (n + BLOCK - 1) / BLOCK;
-    unsigned int mode = _mm_getcsr();
-#pragma omp parallel num_threads(threads)
-    {
-        unsigned int own = take_mode(mode);
-#pragma omp for schedule(static)
-        for (int64_t b = 0; b < blocks; b++) {
-            int64_t lo = b * BLOCK, hi = lo + BLOCK < n ? lo + BLOCK : n;
-#pragma omp simd
-            for (int64_t i = lo; i < hi; i++) {
-                float v = x[i], inner = v / (1.0f + e2u(v));
-                y[i] = v > TAIL ? v : (v < -TAIL ? 0.0f * v : inner);
-            }
-        }
-        _mm_setcsr(own);
-    }
+    run_blocks(x, NULL, y, n, threads);
 }
 
 void CAT(gelu_tanh_bwd_, ISA)(const float *x, const float *dy, float *dx, int64_t n, int threads) {
-    int64_t blocks = (n + BLOCK - 1) / BLOCK;
-    unsigned int mode = _mm_getcsr();
-#pragma omp parallel num_threads(threads)
-    {
-        unsigned int own = take_mode(mode);
-#pragma omp for schedule(static)
-        for (int64_t b = 0; b < blocks; b++) {
-            int64_t lo = b * BLOCK, hi = lo + BLOCK < n ? lo + BLOCK : n;
-#pragma omp simd
-            for (int64_t i = lo; i < hi; i++) {
-                float v = x[i], e = e2u(v), s = 1.0f / (1.0f + e), t = e * s; /* t = 1 - s, without cancelling */
-                /* d/dx x s(2u) = s + x s (1 - s) d(2u)/dx, d(2u)/dx = K + 3 KC x^2 */
-                float inner = fmaf(v * s * t, fmaf(3.0f * KC * v, v, K), s);
-                dx[i] = (v > TAIL ? 1.0f : (v < -TAIL ? 0.0f * v : inner)) * dy[i];
-            }
-        }
-        _mm_setcsr(own);
-    }
+    run_blocks(x, dy, dx, n, threads);
 }
