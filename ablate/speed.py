@@ -11,8 +11,12 @@ fits, per training step,
 (STEP: embeddings, loss, optimizer and logging; BLOCK: a block's many small ops, which at
 these widths cost more than its FLOPs; RATE: the rate of the FLOPs themselves), plus a
 validation batch's cost relative to a training step and a cell's fixed cost (building the
-model and data, the first steps' warm-up). It is cached in $ABLATE_CACHE/speed.json and reused
-while it describes the machine: the same CPU, cores, torch, thread count, within MAX_AGE_S, and
+model and data, the first steps' warm-up). BLOCK is the default block's; another block design
+has other small ops (qk-norm's two norms a head and unpacked attention: its estimate read 0.73x
+of the time taken with the default's BLOCK), so each variant an estimate needs gets its own
+BLOCK, its block timed against the default's (calibrate_variants), kept with the rest.
+
+It is cached in $ABLATE_CACHE/speed.json and reused while it describes the machine: the same CPU, cores, torch, thread count, within MAX_AGE_S, and
 as many other processes running (within LOAD_TOLERANCE; counted now, not the lagging load
 average: competing_load) as when it was measured. The load it finds when it runs is in its
 figures; what the grid's own workers add to it is `contention`.
@@ -26,7 +30,7 @@ import platform
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 CACHE_NAME = "speed.json"
@@ -34,6 +38,8 @@ MAX_AGE_S = 30 * 60
 LOAD_TOLERANCE = 1.0  # runnable processes: one more or fewer than at calibration changes a core's share
 # (model, blocks): two depths at tiny width give the per-block cost, a wider one the FLOP rate.
 POINTS = (("tiny", 1), ("tiny", 6), ("small", 2))
+VARIANT_POINT = ("tiny", 6)  # the size at which a variant's block is timed against the default's
+VARIANT_ROUNDS = 15
 STEPS, WARMUP, BATCH, EVAL_BATCHES = 12, 4, 16, 4
 
 
@@ -49,15 +55,16 @@ class Speed:
     measured_at: float
     machine: str
     calibration_s: float = 0.0
+    variant_block_s: dict[str, float] = field(default_factory=dict)  # variant id -> its BLOCK (else block_s)
 
-    def step_seconds(self, flops: float, blocks: int) -> float:
-        return self.step_s + self.block_s * blocks + flops / self.flops_per_s
+    def step_seconds(self, flops: float, blocks: int, variant: str | None = None) -> float:
+        return self.step_s + self.variant_block_s.get(variant, self.block_s) * blocks + flops / self.flops_per_s
 
     def cell_seconds(self, cfg, flops: float | None = None) -> float:
         """One cell's seconds at this speed: its steps, its evaluations, its fixed cost. A cell
         that diverges stops early, so this is an upper bound for those."""
         flops = step_flops(cfg) if flops is None else flops
-        step = self.step_seconds(flops, cfg.size.n_layer)
+        step = self.step_seconds(flops, cfg.size.n_layer, cfg.spec.id)
         evals = (cfg.steps - 1) // cfg.eval_every * cfg.eval_batches + cfg.final_eval_batches
         return self.cell_s + cfg.steps * step + evals * self.eval_ratio * step
 
@@ -156,18 +163,19 @@ def step_flops(cfg) -> float:
     return _FLOPS[key]
 
 
-def _timed_run(model: str, blocks: int, threads: int, out: Path) -> tuple[float, float, float, object]:
-    """One calibration run: (mean step seconds after warm-up, one validation batch's seconds,
-    fixed seconds, its config)."""
+def _timed_run(model: str, blocks: int, threads: int, out: Path,
+               variant: str | None = None) -> tuple[float, float, float, object]:
+    """One calibration run (of the default block, or `variant`): (mean step seconds after
+    warm-up, one validation batch's seconds, fixed seconds, its config)."""
     from ablate.cell import Cell
     from ablate.rundir import METRICS
     from ablate.train import train
 
     options = {"model": model, "layers": blocks, "steps": STEPS, "batch_size": BATCH, "schedule": "constant",
                "eval_every": STEPS, "eval_batches": 1, "final_eval_batches": EVAL_BATCHES,
-               "checkpoint_every": STEPS, "threads": threads}
+               "checkpoint_every": STEPS, "threads": threads, **({"variant": variant} if variant else {})}
     cell = Cell.from_options(options)
-    run_dir = out / f"{model}x{blocks}"
+    run_dir = out / f"{model}x{blocks}{'-' + variant if variant else ''}"
     t0 = time.perf_counter()
     train(cell, run_dir)
     total = time.perf_counter() - t0
@@ -198,6 +206,64 @@ def calibrate(threads: int = 1) -> Speed:
                  eval_ratio=float(np.median([e / s for s, e, _, _ in runs])),
                  cell_s=float(np.median([f for _, _, f, _ in runs])), threads=threads, load=load,
                  measured_at=time.time(), machine=machine(), calibration_s=time.perf_counter() - t0)
+
+
+def _block_seconds(variants: list[str | None], threads: int) -> dict[str | None, float]:
+    """Median seconds of one block's forward and backward at VARIANT_POINT's width and the
+    calibration's batch, per variant id (None: the default block), the variants taking turns
+    round after round so that the machine's load falls on each alike."""
+    import torch
+
+    from ablate.config import resolve
+    from ablate.kernels import get_backend
+    from ablate.model import Block
+
+    outer = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            cfgs = {v: resolve(_point_options(v)) for v in variants}
+            blocks = {v: Block(cfg.spec, cfg.size, get_backend("reference")) for v, cfg in cfgs.items()}
+            size = cfgs[variants[0]].size
+            x = torch.randn(BATCH, size.context, size.d_model, requires_grad=True)
+            grad = torch.randn(BATCH, size.context, size.d_model)
+            times: dict[str | None, list[float]] = {v: [] for v in variants}
+            for _ in range(VARIANT_ROUNDS):
+                for v, block in blocks.items():
+                    t0 = time.perf_counter()
+                    block(x).backward(grad)
+                    times[v].append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(outer)
+    return {v: float(sorted(t)[len(t) // 2]) for v, t in times.items()}
+
+
+def _point_options(variant: str | None) -> dict:
+    model, blocks = VARIANT_POINT
+    return {"model": model, "layers": blocks, "batch_size": BATCH, **({"variant": variant} if variant else {})}
+
+
+def calibrate_variants(speed: Speed, variants) -> bool:
+    """Measure the BLOCK of each of `variants` (ids) that `speed` lacks, into it: the default's
+    BLOCK plus the difference of their blocks' times beyond their FLOPs, the blocks timed taking
+    turns (_block_seconds; well under a second each). Whole calibration runs, one after the
+    other, differed by 15% from run to run under the same load, more than most variants differ.
+    Whether any was measured."""
+    from ablate.config import resolve
+    from ablate.variants import DEFAULTS, make_variant
+
+    default = make_variant(**DEFAULTS).id
+    missing = sorted(set(variants) - set(speed.variant_block_s) - {default})
+    if not missing:
+        return False
+    seconds = _block_seconds([None, *missing], speed.threads)
+    blocks, base_flops = VARIANT_POINT[1], step_flops(resolve(_point_options(None)))
+    for variant in missing:
+        flops = step_flops(resolve(_point_options(variant))) - base_flops  # all blocks': a step's
+        extra = seconds[variant] - seconds[None] - flops / blocks / speed.flops_per_s
+        speed.variant_block_s[variant] = max(0.0, speed.block_s + extra)
+    return True
 
 
 def _cache_path() -> Path:
@@ -239,20 +305,27 @@ def _store(speed: Speed) -> None:
 SPEED_ENV = "ABLATE_SPEED"
 
 
-def machine_speed(threads: int = 1, quiet: bool = False) -> Speed:
-    """The cached calibration when it still describes this machine, else a new one (cached);
-    the reference yardstick where $ABLATE_SPEED is `reference`."""
+def machine_speed(threads: int = 1, quiet: bool = False, variants=()) -> Speed:
+    """The cached calibration when it still describes this machine, else a new one (cached),
+    with the BLOCK of each of `variants` (ids) measured; the reference yardstick where
+    $ABLATE_SPEED is `reference`."""
     if os.environ.get(SPEED_ENV) == "reference":
         return reference(threads)
-    speed = _cached(threads)
+    speed, measured = _cached(threads), False
     if speed is None:
         if not quiet:
             print(f"ablate: measuring this machine's training speed at {threads} thread"
                   f"{'s' if threads != 1 else ''} for the estimate (seconds on a quiet machine, longer under "
                   "load; cached)", file=sys.stderr, flush=True)
-        speed = calibrate(threads)
+        speed, measured = calibrate(threads), True
+    if calibrate_variants(speed, variants) or measured:
         _store(speed)
     return speed
+
+
+def grid_variants(grid) -> set[str]:
+    """The ids of the block designs a grid's cells train."""
+    return {grid.configs.setting(cell.id).spec.id for cell in grid.cells}
 
 
 def threads_per_worker(workers: int) -> int:
@@ -267,7 +340,7 @@ def grid_seconds(grid, workers: int, threads: int | None = None, speed: Speed | 
     (default: the cores shared among the workers), on this machine as it is now."""
     workers = max(1, min(workers, len(grid.cells)))
     threads = threads or threads_per_worker(workers)
-    speed = speed or machine_speed(threads)
+    speed = speed or machine_speed(threads, variants=grid_variants(grid))
     # The workers take the cells in grid order, each the next one as it frees up.
     free = [0.0] * workers
     costs: dict[int, float] = {}  # per setting (shared by its seeds)

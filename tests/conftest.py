@@ -46,7 +46,8 @@ def reference_speed(monkeypatch):
     and its cached figures would land in the user's cache. tests/test_speed.py measures."""
     import ablate.speed
 
-    monkeypatch.setattr(ablate.speed, "machine_speed", lambda threads=1, quiet=False: ablate.speed.reference(threads))
+    monkeypatch.setattr(ablate.speed, "machine_speed",
+                        lambda threads=1, quiet=False, variants=(): ablate.speed.reference(threads))
 
 
 @pytest.fixture

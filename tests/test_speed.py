@@ -52,6 +52,41 @@ def test_a_cells_estimate_is_its_steps_evaluations_and_fixed_cost():
     assert s.cell_seconds(cfg) == pytest.approx(2.0 + 100 * step + (1 * 4 + 8) * 0.5 * step)
 
 
+QK = "pre.layernorm.gelu.dense.res.qk-layernorm"
+
+
+def test_a_variants_own_block_cost_prices_its_cells():
+    """qk-norm's block costs more than the default's small ops: its cells are priced by its own."""
+    s = speed.Speed(0.01, 0.002, float("inf"), 0.0, 0.0, 1, 0.0, 0.0, "m", variant_block_s={QK: 0.005})
+    default, qk = resolve({"layers": 4, "steps": 10}), resolve({"layers": 4, "steps": 10, "variant": QK})
+    assert qk.spec.id == QK
+    assert s.cell_seconds(default) == pytest.approx(10 * (0.01 + 0.002 * 4))
+    assert s.cell_seconds(qk) == pytest.approx(10 * (0.01 + 0.005 * 4))
+
+
+def test_each_variant_an_estimate_needs_is_measured_once_and_cached(measured, monkeypatch, tmp_path):
+    """A variant's BLOCK: the default's plus the difference of their blocks' times."""
+    timed = []
+    blocks = speed.VARIANT_POINT[1]
+    # qk-norm's norms add parameters, so FLOPs: a block's share of them is not in its BLOCK
+    flops = [speed.step_flops(resolve(speed._point_options(v))) for v in (QK, None)]
+    more_flops = flops[0] - flops[1]
+
+    def block_seconds(variants, threads):
+        timed.append(variants)
+        return {None: 0.010, QK: 0.014 + more_flops / blocks / speed.machine_speed(threads, quiet=True).flops_per_s}
+
+    monkeypatch.setattr(speed, "_block_seconds", block_seconds)
+    block = speed.machine_speed(1, quiet=True).block_s
+    s = speed.machine_speed(1, quiet=True, variants=[QK, "pre.layernorm.gelu.dense.res"])  # the default: not its own
+    assert timed == [[None, QK]] and s.variant_block_s == {QK: pytest.approx(block + 0.004)}
+    again = speed.machine_speed(1, quiet=True, variants=[QK])  # from the cache file
+    assert timed == [[None, QK]] and again.variant_block_s[QK] == pytest.approx(block + 0.004)
+    assert measured["calls"] == 1
+    stored = json.loads((tmp_path / speed.CACHE_NAME).read_text())["1"]["variant_block_s"]
+    assert stored[QK] == pytest.approx(block + 0.004)
+
+
 def test_the_calibration_is_cached_while_it_describes_the_machine(measured, monkeypatch, tmp_path):
     first = speed.machine_speed(1, quiet=True)
     assert measured["calls"] == 1 and json.loads((tmp_path / speed.CACHE_NAME).read_text())["1"]["threads"] == 1
@@ -111,6 +146,9 @@ def test_a_real_calibration_measures_positive_figures(monkeypatch, tmp_path):
     s = speed.calibrate(1)
     assert s.step_s >= 0 and s.block_s >= 0 and s.flops_per_s > 0 and s.cell_s >= 0 and s.eval_ratio > 0
     assert s.machine == speed.machine() and s.threads == 1
+    monkeypatch.setattr(speed, "VARIANT_ROUNDS", 3)
+    assert speed.calibrate_variants(s, [QK]) and s.variant_block_s[QK] >= 0
+    assert not speed.calibrate_variants(s, [QK, "pre.layernorm.gelu.dense.res"])  # nothing more to measure
 
 
 def test_grid_dry_run_prints_the_measured_estimate(measured, capsys, tmp_path):

@@ -98,7 +98,7 @@ def cell_seconds(cfg, speed=None) -> float:
     (`speed`: an ablate.speed.Speed; default this machine's, measured)."""
     from ablate.speed import machine_speed, threads_per_worker
 
-    return (speed or machine_speed(threads_per_worker(quick_workers()))).cell_seconds(cfg)
+    return (speed or machine_speed(threads_per_worker(quick_workers()), variants=[cfg.spec.id])).cell_seconds(cfg)
 
 
 def quick_seconds(grid, workers: int = QUICK_WORKERS, speed=None) -> float:
@@ -120,15 +120,18 @@ def _minutes(seconds: float) -> str:
 def list_claims() -> int:
     from ablate.grids import load_grid
 
-    from ablate.speed import machine_speed, threads_per_worker
+    from ablate.speed import grid_variants, machine_speed, threads_per_worker
 
     claims = shipped_claims()
-    speed = machine_speed(threads_per_worker(quick_workers()))  # measured before the table, not inside it
+    grids = {name: load_grid(claim.grid) for name, claim in claims.items()}
+    variants = set().union(*map(grid_variants, grids.values()))
+    # measured before the table, not inside it
+    speed = machine_speed(threads_per_worker(quick_workers()), variants=variants)
     print("claims (ablate reproduce NAME [--quick|--full]; `all` runs every one):")
     print(f"  {'name':<18}{'grid':<26}{'cells':>6}{'quick (CPU)':>13}{'gpu cells':>10}{'full (GPU)':>12}  source")
     total = 0.0
     for name, claim in claims.items():
-        cpu = load_grid(claim.grid)
+        cpu = grids[name]
         gpu = load_grid(claim.grid, "gpu") if "gpu" in cpu.scales else None
         seconds = quick_seconds(cpu, quick_workers(), speed)
         total += seconds
