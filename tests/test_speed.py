@@ -7,6 +7,7 @@ import pytest
 import ablate.speed as speed
 from ablate.cli import main
 from ablate.config import resolve
+from ablate.cores import cpu_count
 
 MACHINE_SPEED = speed.machine_speed  # before conftest's fixture swaps it for the reference
 
@@ -143,9 +144,11 @@ def test_a_real_calibration_measures_positive_figures(monkeypatch, tmp_path):
     monkeypatch.setattr(speed, "POINTS", (("tiny", 1), ("tiny", 3), ("small", 1)))
     monkeypatch.setattr(speed, "STEPS", 7)
     monkeypatch.setattr(speed, "WARMUP", 2)
+    monkeypatch.setattr(speed, "CALIBRATION_ROUNDS", 1)
     s = speed.calibrate(1)
     assert s.step_s >= 0 and s.block_s >= 0 and s.flops_per_s > 0 and s.cell_s >= 0 and s.eval_ratio > 0
     assert s.machine == speed.machine() and s.threads == 1
+    assert s.companions == cpu_count() - 1  # the other cores were busy, as a grid's other workers keep them
     monkeypatch.setattr(speed, "VARIANT_ROUNDS", 3)
     assert speed.calibrate_variants(s, [QK]) and s.variant_block_s[QK] >= 0
     assert not speed.calibrate_variants(s, [QK, "pre.layernorm.gelu.dense.res"])  # nothing more to measure
@@ -164,3 +167,21 @@ def test_grid_dry_run_prints_the_measured_estimate(measured, capsys, tmp_path):
 def test_ablate_speed_reference_estimates_from_the_yardstick_without_measuring(measured, monkeypatch):
     monkeypatch.setenv(speed.SPEED_ENV, "reference")
     assert speed.machine_speed(2, quiet=True) == speed.reference(2) and measured["calls"] == 0
+
+
+def test_companions_keep_the_other_cores_training_while_it_measures_and_stop_after(monkeypatch):
+    import ablate.cores
+
+    monkeypatch.setattr(ablate.cores, "cpu_count", lambda: 4)
+    with speed._busy_like_a_grid(2) as companions:  # 4 cores, 2 threads a worker: one other worker
+        assert len(companions) == 1 and companions[0].poll() is None  # said "ready": training
+    assert companions[0].poll() is not None
+    with speed._busy_like_a_grid(4) as companions:  # one worker has every core: nobody beside it
+        assert companions == []
+
+
+def test_contention_counts_the_calibrations_companions(monkeypatch):
+    monkeypatch.setattr(speed.os, "cpu_count", lambda: 2)
+    beside = speed.Speed(0.01, 0.0, 1e9, 0.0, 0.0, 1, 0.0, 0.0, "m", companions=1)  # measured with both cores busy
+    assert speed.contention(beside, 2, 1) == 1.0 and speed.contention(beside, 1, 2) == 1.0
+    assert speed.contention(beside, 4, 1) == pytest.approx(2.0)

@@ -4,7 +4,7 @@
  * exp(v) for |v| <= 87: 2^n p(r), n = round(v / ln 2), r = v - n ln 2 (ln 2 in two parts,
  * Cody-Waite), p the Taylor polynomial to r^7 (|r| <= ln 2 / 2: relative error below 6e-9),
  * 2^n built in the exponent bits. exp_poly is the scalar form (loops GCC vectorizes), exp_poly_v
- * the same operations on vec.h's vectors. */
+ * the same operations on vec.h's vectors, defined where vec.h is included before this file. */
 #ifndef ABLATE_EXP_POLY_H
 #define ABLATE_EXP_POLY_H
 #include <math.h>
