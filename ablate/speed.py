@@ -44,7 +44,7 @@ POINTS = (("tiny", 1), ("tiny", 6), ("small", 2))
 VARIANT_POINT = ("tiny", 6)  # the size at which a variant's block is timed against the default's
 VARIANT_ROUNDS = 15
 STEPS, WARMUP, BATCH, EVAL_BATCHES = 12, 4, 16, 4
-CALIBRATION_ROUNDS = 2
+CALIBRATION_ROUNDS = 3
 
 
 @dataclass
@@ -203,22 +203,24 @@ def _busy_like_a_grid(threads: int):
     over and over. A core runs slower when its neighbours work (shared caches, memory, clock):
     measured alone, a 2-worker grid's cells took 1.15-1.35x the estimate (2026-12-02); a
     calibration run beside one such companion took 1.0-1.6x, 1.2x on average, its time alone.
-    Yields the companions' processes."""
+    Yields the companions' processes. Their runs go to a folder of this process's, removed after
+    them (a killed process cleans nothing up)."""
     import subprocess
 
     from ablate.cores import cpu_count
 
-    command = [sys.executable, "-m", "ablate.speed", "--companion", str(threads)]
-    companions = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-                  for _ in range(max(0, cpu_count() // max(1, threads) - 1))]
-    try:
-        for process in companions:  # each says "ready" once it trains (its imports take seconds)
-            _wait_ready(process)
-        yield companions
-    finally:
-        for process in companions:
-            process.kill()
-            process.wait()
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [sys.executable, "-m", "ablate.speed", "--companion", str(threads), tmp]
+        companions = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                      for _ in range(max(0, cpu_count() // max(1, threads) - 1))]
+        try:
+            for process in companions:  # each says "ready" once it trains (its imports take seconds)
+                _wait_ready(process)
+            yield companions
+        finally:
+            for process in companions:
+                process.kill()
+                process.wait()
 
 
 def _wait_ready(process) -> None:
@@ -229,28 +231,34 @@ def _wait_ready(process) -> None:
         process.stdout.readline()
 
 
-def _companion(threads: int) -> None:
-    """A companion's loop (python -m ablate.speed --companion THREADS): the calibration's runs
-    until killed, or until the process that started it is gone."""
+def _companion(threads: int, folder: Path) -> None:
+    """A companion's loop (python -m ablate.speed --companion THREADS FOLDER): the calibration's
+    runs, each in its own folder under FOLDER, until killed or until the process that started it
+    is gone."""
+    import shutil
+
     import torch
 
     torch.set_num_threads(threads)
     parent = os.getppid()
-    with tempfile.TemporaryDirectory() as tmp:
-        for i in range(1 << 30):
-            model, blocks = POINTS[i % len(POINTS)]
-            _timed_run(model, blocks, threads, Path(tmp) / str(i))
-            if i == 0:
-                print("ready", flush=True)
-            if os.getppid() != parent:
-                return
+    for i in range(1 << 30):
+        model, blocks = POINTS[i % len(POINTS)]
+        out = folder / f"{os.getpid()}-{i}"
+        _timed_run(model, blocks, threads, out)
+        shutil.rmtree(out, ignore_errors=True)
+        if i == 0:
+            print("ready", flush=True)
+        if os.getppid() != parent:
+            return
 
 
 def calibrate(threads: int = 1) -> Speed:
-    """Measure (about 10 s on a quiet 2-core machine; longer under load): the POINTS in
-    CALIBRATION_ROUNDS rounds, each point's step the mean of its rounds. One round's three runs
-    gave rates from 52 to 95 GFLOP/s within a quarter of an hour (2026-12-02), and the fit, three
-    equations for three unknowns, passes a point's noise whole into the estimates."""
+    """Measure (about 15 s on a quiet 2-core machine; longer under load): the POINTS in
+    CALIBRATION_ROUNDS rounds, each point's step the median of its rounds. One round's three
+    runs gave rates from 52 to 95 GFLOP/s within a quarter of an hour (2026-12-02), and the fit,
+    three equations for three unknowns, passes a point's noise whole into the estimates: five
+    one-round calibrations in a row estimated the same all --quick at 27.9-40.3 min, five of
+    three rounds at 30.5-37.0 (34.0 taken)."""
     import numpy as np
 
     load = competing_load()
@@ -263,7 +271,7 @@ def calibrate(threads: int = 1) -> Speed:
     # Least squares on [1, blocks, FLOPs] (three points: solved exactly), kept physical: no part
     # of a step costs less than nothing.
     a = np.array([[1.0, cfg.size.n_layer, step_flops(cfg)] for cfg in configs])
-    b = np.array([np.mean([one[i][0] for one in rounds]) for i in range(len(POINTS))])
+    b = np.array([np.median([one[i][0] for one in rounds]) for i in range(len(POINTS))])
     step_s, block_s, per_flop = np.linalg.lstsq(a, b, rcond=None)[0]
     if min(step_s, block_s, per_flop) < 0:  # noise beat the signal: one rate for everything
         step_s, block_s, per_flop = 0.0, 0.0, float(b.sum() / a[:, 2].sum())
@@ -419,4 +427,4 @@ def grid_seconds(grid, workers: int, threads: int | None = None, speed: Speed | 
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--companion"]:
-    _companion(int(sys.argv[2]))
+    _companion(int(sys.argv[2]), Path(sys.argv[3]))

@@ -1,6 +1,7 @@
 """The time estimates come from this machine's measured speed (ablate/speed.py): the fit, the
 cache and when it is measured again, and the commands that print them."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -175,7 +176,9 @@ def test_companions_keep_the_other_cores_training_while_it_measures_and_stop_aft
     monkeypatch.setattr(ablate.cores, "cpu_count", lambda: 4)
     with speed._busy_like_a_grid(2) as companions:  # 4 cores, 2 threads a worker: one other worker
         assert len(companions) == 1 and companions[0].poll() is None  # said "ready": training
-    assert companions[0].poll() is not None
+        folder = Path(companions[0].args[-1])
+        assert folder.is_dir()
+    assert companions[0].poll() is not None and not folder.exists()  # killed, and its runs removed
     with speed._busy_like_a_grid(4) as companions:  # one worker has every core: nobody beside it
         assert companions == []
 
