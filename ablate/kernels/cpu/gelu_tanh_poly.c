@@ -34,7 +34,7 @@
  * and so is its derivative, 1 or 0; inside it exp(-2u) stays within [7e-34, 1.4e33], normal
  * floats, so no cap or overflow is needed and no subnormal is made. Past it y is x (x > 0:
  * x / (1 + exp(-2u(TAIL))) is x / 1) or 0 * x (x < 0: -0, and NaN at -inf, as torch's
- * 0.5 x (1 + tanh u) gives); a NaN x fails both tests and stays NaN through the formula. */
+ * 0.5 x (1 + tanh u) gives); a NaN x fails the tail tests and stays NaN through the formula. */
 #define TAIL 9.5f
 
 /* exp(-2u) at x clamped to [-TAIL, TAIL] (a NaN x to -TAIL: x86's max takes its second
