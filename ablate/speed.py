@@ -179,7 +179,7 @@ def _timed_run(model: str, blocks: int, threads: int, out: Path,
 
     options = {"model": model, "layers": blocks, "steps": STEPS, "batch_size": BATCH, "schedule": "constant",
                "eval_every": STEPS, "eval_batches": 1, "final_eval_batches": EVAL_BATCHES,
-               "checkpoint_every": STEPS, "threads": threads, **({"variant": variant} if variant else {})}
+               "checkpoint_every": STEPS, "threads": threads, **_variant_option(variant)}
     cell = Cell.from_options(options)
     run_dir = out / f"{model}x{blocks}{'-' + variant if variant else ''}"
     t0 = time.perf_counter()
@@ -313,9 +313,14 @@ def _block_seconds(variants: list[str | None], threads: int) -> dict[str | None,
     return {v: float(sorted(t)[len(t) // 2]) for v, t in times.items()}
 
 
+def _variant_option(variant: str | None) -> dict:
+    """The option naming `variant` (None: the default block, named by no option)."""
+    return {"variant": variant} if variant else {}
+
+
 def _point_options(variant: str | None) -> dict:
     model, blocks = VARIANT_POINT
-    return {"model": model, "layers": blocks, "batch_size": BATCH, **({"variant": variant} if variant else {})}
+    return {"model": model, "layers": blocks, "batch_size": BATCH, **_variant_option(variant)}
 
 
 def calibrate_variants(speed: Speed, variants) -> bool:
