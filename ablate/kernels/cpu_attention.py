@@ -131,35 +131,34 @@ class _PackedCausalAttention(torch.autograd.Function):
         B, T, C3 = qkv.shape
         ctx.shape = torch.Size((B, heads, T, C3 // 3 // heads))
         out, stats = _forward(*_packed_heads(qkv, heads), ctx.shape)
-        ctx.heads = heads
         ctx.save_for_backward(qkv, out, stats)
         return out.transpose(1, 2)
 
     @staticmethod
     def backward(ctx, dout):
         qkv, out, stats = ctx.saved_tensors
-        dqkv = torch.empty(qkv.shape, dtype=torch.float32)
-        C3 = qkv.shape[2]
-        _backward(*_packed_heads(qkv, ctx.heads), ctx.shape, out, stats, _last_dim_contiguous(dout),
-                  [dqkv.data_ptr() + i * C3 // 3 * 4 for i in range(3)], C3)
+        heads, dqkv = ctx.shape[1], torch.empty(qkv.shape, dtype=torch.float32)
+        _backward(*_packed_heads(qkv, heads), ctx.shape, out, stats, _last_dim_contiguous(dout),
+                  _packed_heads(dqkv, heads)[0], qkv.shape[2])  # dq, dk, dv where q, k, v sit in qkv
         return dqkv, None
 
 
 def packed_source(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
     """The (B, T, 3 H D) tensor q, k, v are the heads of (as heads_of views them), or None. It
     is read from the views' common base (for nn.Linear on a 3-D input, its 2-D output), so the
-    gradient reaches c_attn as through the views. Checked from strides and offsets, as heads_of
-    would make them: building those views costs more than the kernel's call (~30 us)."""
+    gradient reaches c_attn as through the views. Checked against _packed_heads' pointers and
+    strides: building heads_of's views costs more than the kernel's call (~30 us)."""
     base, (B, H, T, D) = q._base, q.shape
     if (base is None or k._base is not base or v._base is not base or not base.is_contiguous()
             or base.numel() != B * T * 3 * H * D):
         return None
-    strides, start = (T * 3 * H * D, D, 3 * H * D, 1), base.storage_offset()
-    for i, t in enumerate((q, k, v)):  # a dimension of size 1 may have any stride
-        if t.storage_offset() != start + i * H * D or any(
-                n > 1 and s != want for n, s, want in zip(t.shape, t.stride(), strides)):
+    qkv = base.view(B, T, 3 * H * D)
+    pointers, strides = _packed_heads(qkv, H)
+    for t, pointer in zip((q, k, v), pointers):  # a dimension of size 1 may have any stride
+        if t.data_ptr() != pointer or t.stride(-1) != 1 or any(
+                n > 1 and s != want for n, s, want in zip(t.shape[:3], t.stride()[:3], strides[:3])):
             return None
-    return base.view(B, T, 3 * H * D)
+    return qkv
 
 
 def handles(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
