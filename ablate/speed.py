@@ -17,11 +17,16 @@ of the time taken with the default's BLOCK), so each variant an estimate needs g
 BLOCK, its block timed against the default's (calibrate_variants), kept with the rest.
 
 While it measures, companion processes keep the other cores training as a grid's other
-workers will (_busy_like_a_grid). It is cached in $ABLATE_CACHE/speed.json and reused while it
+workers will (_busy_like_a_grid). Every figure is CPU time, a core's worth: under load the
+scheduler hands each of three processes on two cores a full core for seconds and half of one
+for the next, so wall times of a 15-s calibration read the load anywhere from nothing to twice
+over (issue #29: under the same steady load two calibrations estimated 0.70x and 1.31x of the
+time taken). The share of a core its runs got (their CPU time over their wall time) tells how
+much other work wanted the cores (`other`), and `contention` turns CPU time into wall time for
+a grid's workers beside that work. It is cached in $ABLATE_CACHE/speed.json and reused while it
 describes the machine: the same CPU, cores, torch, thread count, within MAX_AGE_S, and as many
 other processes running (within LOAD_TOLERANCE; counted now, not the lagging load average:
-competing_load) as when it was measured. The load it finds when it runs is in its figures;
-what the grid's own workers add to it is `contention`.
+competing_load) as when it was measured.
 """
 from __future__ import annotations
 
@@ -45,6 +50,7 @@ VARIANT_POINT = ("tiny", 6)  # the size at which a variant's block is timed agai
 VARIANT_ROUNDS = 15
 STEPS, WARMUP, BATCH, EVAL_BATCHES = 12, 4, 16, 4
 CALIBRATION_ROUNDS = 3
+FORMAT = 2  # a cached calibration of another format (1: wall times) is measured again
 
 
 @dataclass
@@ -55,12 +61,14 @@ class Speed:
     eval_ratio: float  # one validation batch / one training step of the same shape
     cell_s: float  # per cell: build, data, warm-up
     threads: int
-    load: float  # processes competing for the cores when it was measured (competing_load)
+    load: float  # runnable processes besides it when it was measured (competing_load): when to measure again
     measured_at: float
     machine: str
     calibration_s: float = 0.0
     companions: int = 0  # processes that kept the other cores busy while it was measured (_busy_like_a_grid)
     variant_block_s: dict[str, float] = field(default_factory=dict)  # variant id -> its BLOCK (else block_s)
+    other: float = 0.0  # cores' worth of other work that wanted the CPU while it measured (_other_demand)
+    format: int = 1  # what a cache entry without the field was; calibrate writes FORMAT
 
     def step_seconds(self, flops: float, blocks: int, variant: str | None = None) -> float:
         return self.step_s + self.variant_block_s.get(variant, self.block_s) * blocks + flops / self.flops_per_s
@@ -75,7 +83,7 @@ class Speed:
 
     def describe(self) -> str:
         return (f"calibrated on this machine {_ago(self.measured_at)} at {self.threads} thread"
-                f"{'s' if self.threads != 1 else ''}, {self.load:.1f} other processes running: per step "
+                f"{'s' if self.threads != 1 else ''}, other work wanting {self.other:.1f} cores: per step "
                 f"{self.step_s * 1e3:.1f} ms + {self.block_s * 1e3:.1f} ms a block + FLOPs at "
                 f"{self.flops_per_s / 1e9:.1f} GFLOP/s, {self.cell_s:.1f} s a cell")
 
@@ -123,13 +131,12 @@ def competing_load() -> float:
 
 
 def contention(speed: Speed, workers: int, threads: int) -> float:
-    """How much slower each of `workers` cells (of `threads` threads) runs than the calibration
-    did: it shared the cores with the load it found plus its own threads and companions; the
-    grid's workers add theirs. 1 on a quiet machine with a thread per core."""
-    cores = os.cpu_count() or 1
-    other = speed.load  # what else ran when it was measured, besides its own companions
-    measured = other + (speed.companions + 1) * speed.threads
-    return max(1.0, (other + workers * threads) / cores) / max(1.0, measured / cores)
+    """Wall seconds per CPU second of each of `workers` cells (of `threads` threads): the cores'
+    fair share among the grid's threads and the other work the calibration found. 1 on a quiet
+    machine with a thread per core."""
+    from ablate.cores import cpu_count
+
+    return max(1.0, (speed.other + workers * threads) / cpu_count())
 
 
 def reference(threads: int = 1) -> Speed:
@@ -170,9 +177,12 @@ def step_flops(cfg) -> float:
 
 
 def _timed_run(model: str, blocks: int, threads: int, out: Path,
-               variant: str | None = None) -> tuple[float, float, float, object]:
+               variant: str | None = None) -> tuple[float, float, float, float, object]:
     """One calibration run (of the default block, or `variant`): (mean step seconds after
-    warm-up, one validation batch's seconds, fixed seconds, its config)."""
+    warm-up, one validation batch's seconds, fixed seconds, all three in CPU time a thread; the
+    share of its threads' cores the run got; its config). The share is the run's CPU time over
+    its wall time and threads: a step's wall times scaled by it are its CPU time, without
+    timing every step twice."""
     from ablate.cell import Cell
     from ablate.rundir import METRICS
     from ablate.train import train
@@ -182,15 +192,16 @@ def _timed_run(model: str, blocks: int, threads: int, out: Path,
                "checkpoint_every": STEPS, "threads": threads, **_variant_option(variant)}
     cell = Cell.from_options(options)
     run_dir = out / f"{model}x{blocks}{'-' + variant if variant else ''}"
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     train(cell, run_dir)
-    total = time.perf_counter() - t0
+    total, cpu = time.perf_counter() - t0, time.process_time() - c0
+    share = min(1.0, cpu / (total * threads))
     times = [json.loads(line)["time_s"] for line in (run_dir / METRICS).read_text().splitlines()]
     step = (times[-2] - times[WARMUP - 1]) / (STEPS - 1 - WARMUP)
     # The last row is written after the final evaluation: its span less a step is the evaluation.
     evaluation = max(0.0, times[-1] - times[-2] - step) / EVAL_BATCHES
     fixed = max(0.0, total - times[-1] + times[WARMUP - 1] - WARMUP * step)  # before and after the loop, and warm-up
-    return step, evaluation, fixed, cell.config
+    return step * share, evaluation * share, fixed * share, share, cell.config
 
 
 COMPANION_START_S = 60.0
@@ -267,7 +278,7 @@ def calibrate(threads: int = 1) -> Speed:
         rounds = [[_timed_run(model, blocks, threads, Path(tmp) / f"round{r}") for model, blocks in POINTS]
                   for r in range(CALIBRATION_ROUNDS)]
     runs = [run for one in rounds for run in one]
-    configs = [cfg for _, _, _, cfg in rounds[0]]
+    configs = [cfg for *_, cfg in rounds[0]]
     # Least squares on [1, blocks, FLOPs] (three points: solved exactly), kept physical: no part
     # of a step costs less than nothing.
     a = np.array([[1.0, cfg.size.n_layer, step_flops(cfg)] for cfg in configs])
@@ -276,16 +287,27 @@ def calibrate(threads: int = 1) -> Speed:
     if min(step_s, block_s, per_flop) < 0:  # noise beat the signal: one rate for everything
         step_s, block_s, per_flop = 0.0, 0.0, float(b.sum() / a[:, 2].sum())
     return Speed(step_s=float(step_s), block_s=float(block_s), flops_per_s=1.0 / max(float(per_flop), 1e-15),
-                 eval_ratio=float(np.median([e / s for s, e, _, _ in runs])),
-                 cell_s=float(np.median([f for _, _, f, _ in runs])), threads=threads, load=load,
+                 eval_ratio=float(np.median([e / s for s, e, *_ in runs])),
+                 cell_s=float(np.median([f for _, _, f, *_ in runs])), threads=threads, load=load,
                  measured_at=time.time(), machine=machine(), calibration_s=time.perf_counter() - t0,
-                 companions=len(companions))
+                 companions=len(companions), format=FORMAT,
+                 other=_other_demand(float(np.median([share for *_, share, _ in runs])), threads, len(companions)))
+
+
+def _other_demand(share: float, threads: int, companions: int) -> float:
+    """Cores' worth of other work that wanted the CPU while the calibration's runs got `share`
+    of a core a thread: with the calibration's own (companions + 1) x threads threads, the
+    scheduler's fair share is cores / (all the threads wanting a core). 0 when they had their
+    cores to themselves."""
+    from ablate.cores import cpu_count
+
+    return max(0.0, cpu_count() / max(share, 1e-3) - (companions + 1) * threads) if share < 1.0 else 0.0
 
 
 def _block_seconds(variants: list[str | None], threads: int) -> dict[str | None, float]:
-    """Median seconds of one block's forward and backward at VARIANT_POINT's width and the
-    calibration's batch, per variant id (None: the default block), the variants taking turns
-    round after round so that the machine's load falls on each alike."""
+    """Median CPU seconds (a thread's) of one block's forward and backward at VARIANT_POINT's
+    width and the calibration's batch, per variant id (None: the default block), the variants
+    taking turns round after round so that the machine's load falls on each alike."""
     import torch
 
     from ablate.config import resolve
@@ -305,9 +327,9 @@ def _block_seconds(variants: list[str | None], threads: int) -> dict[str | None,
             times: dict[str | None, list[float]] = {v: [] for v in variants}
             for _ in range(VARIANT_ROUNDS):
                 for v, block in blocks.items():
-                    t0 = time.perf_counter()
+                    t0 = time.process_time()
                     block(x).backward(grad)
-                    times[v].append(time.perf_counter() - t0)
+                    times[v].append((time.process_time() - t0) / threads)
     finally:
         torch.set_num_threads(outer)
     return {v: float(sorted(t)[len(t) // 2]) for v, t in times.items()}
@@ -359,7 +381,7 @@ def _cached(threads: int) -> Speed | None:
     except (OSError, ValueError, TypeError, AttributeError):
         return None
     fresh = time.time() - speed.measured_at < MAX_AGE_S and abs(competing_load() - speed.load) <= LOAD_TOLERANCE
-    return speed if fresh and speed.machine == machine() else None
+    return speed if fresh and speed.machine == machine() and speed.format == FORMAT else None
 
 
 def _store(speed: Speed) -> None:

@@ -25,26 +25,57 @@ def measured(monkeypatch, tmp_path):
 
     def calibrate(threads=1):
         state["calls"] += 1
-        return speed.Speed(0.01, 0.002, 1e9, 0.3, 1.0, threads, state["load"], speed.time.time(), speed.machine())
+        return speed.Speed(0.01, 0.002, 1e9, 0.3, 1.0, threads, state["load"], speed.time.time(), speed.machine(),
+                           format=speed.FORMAT)
 
     monkeypatch.setattr(speed, "calibrate", calibrate)
     return state
 
 
-def test_the_fit_recovers_a_known_machine(monkeypatch):
-    """Three calibration runs whose step times follow the model exactly give its figures back."""
+@pytest.mark.parametrize("share", [1.0, 0.5])
+def test_the_fit_recovers_a_known_machine(monkeypatch, share):
+    """Three calibration runs whose step times follow the model exactly give its figures back;
+    runs that got half a core each tell of other work wanting a core's worth per thread of ours."""
+    import ablate.cores
+
     step_s, block_s, rate = 0.004, 0.0015, 2e9
+    monkeypatch.setattr(ablate.cores, "cpu_count", lambda: 1)  # no companions: the run and the other work
 
     def timed_run(model, blocks, threads, out):
         cfg = resolve({"model": model, "layers": blocks, "batch_size": speed.BATCH})
         step = step_s + block_s * blocks + speed.step_flops(cfg) / rate
-        return step, step * 0.3, 1.5, cfg
+        return step, step * 0.3, 1.5, share, cfg
 
     monkeypatch.setattr(speed, "_timed_run", timed_run)
     s = speed.calibrate(1)
     assert s.step_s == pytest.approx(step_s, rel=1e-6) and s.block_s == pytest.approx(block_s, rel=1e-6)
     assert s.flops_per_s == pytest.approx(rate, rel=1e-6)
     assert s.eval_ratio == pytest.approx(0.3) and s.cell_s == pytest.approx(1.5)
+    assert s.companions == 0 and s.other == pytest.approx(1 / share - 1)
+    assert speed.contention(s, 1, 1) == pytest.approx(1 / share)  # one worker beside that work: its share again
+
+
+def test_a_calibration_run_reports_cpu_time(monkeypatch, tmp_path):
+    """A run that got a third of its core (the wall clock runs three times as fast as its CPU
+    time) reports its steps in CPU time, a third of their wall time."""
+    import ablate.train
+
+    clock = {"wall": 0.0, "cpu": 0.0}
+    monkeypatch.setattr(speed.time, "perf_counter", lambda: clock["wall"])
+    monkeypatch.setattr(speed.time, "process_time", lambda: clock["cpu"])
+
+    def train(cell, run_dir):
+        from ablate.rundir import METRICS
+
+        run_dir.mkdir(parents=True)
+        rows = [{"time_s": 3.0 * (i + 1)} for i in range(speed.STEPS)]  # 3 s a step on the wall clock
+        (run_dir / METRICS).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        clock["wall"] += 3.0 * speed.STEPS
+        clock["cpu"] += 1.0 * speed.STEPS
+
+    monkeypatch.setattr(ablate.train, "train", train)
+    step, _, _, share, cfg = speed._timed_run("tiny", 1, 1, tmp_path)
+    assert share == pytest.approx(1 / 3) and step == pytest.approx(1.0)
 
 
 def test_a_cells_estimate_is_its_steps_evaluations_and_fixed_cost():
@@ -98,12 +129,17 @@ def test_the_calibration_is_cached_while_it_describes_the_machine(measured, monk
     measured["load"] += speed.LOAD_TOLERANCE + 0.5  # the machine got busier: measured again
     speed.machine_speed(1, quiet=True)
     assert measured["calls"] == 3
+    entries = json.loads((tmp_path / speed.CACHE_NAME).read_text())
+    del entries["1"]["format"]  # written before the figures were CPU time: measured again
+    (tmp_path / speed.CACHE_NAME).write_text(json.dumps(entries))
+    speed.machine_speed(1, quiet=True)
+    assert measured["calls"] == 4 and speed.machine_speed(1, quiet=True).format == speed.FORMAT
     monkeypatch.setattr(speed.time, "time", lambda: first.measured_at + speed.MAX_AGE_S + 1)  # too old
     speed.machine_speed(1, quiet=True)
-    assert measured["calls"] == 4
+    assert measured["calls"] == 5
     (tmp_path / speed.CACHE_NAME).write_text("not json")  # a damaged cache: measured again
     speed.machine_speed(1, quiet=True)
-    assert measured["calls"] == 5
+    assert measured["calls"] == 6
 
 
 def test_a_grid_estimate_shares_the_cells_among_the_workers():
@@ -118,12 +154,24 @@ def test_a_grid_estimate_shares_the_cells_among_the_workers():
     assert one / 2 * (1 - 1e-12) <= two < one / 2 * 1.1
 
 
-def test_contention_is_one_on_a_quiet_machine_and_grows_with_other_load(monkeypatch):
-    monkeypatch.setattr(speed.os, "cpu_count", lambda: 2)
-    quiet = speed.Speed(0.01, 0.0, 1e9, 0.0, 0.0, 1, 0.0, 0.0, "m")  # nothing else ran
-    assert speed.contention(quiet, 2, 1) == 1.0
-    busy = speed.Speed(0.01, 0.0, 1e9, 0.0, 0.0, 1, 4.0, 0.0, "m")  # 4 others: 2/5 of a core, then 2/6
-    assert speed.contention(busy, 2, 1) == pytest.approx(6 / 5)
+def test_contention_is_one_on_a_quiet_machine_and_grows_with_other_work(monkeypatch):
+    import ablate.cores
+
+    monkeypatch.setattr(ablate.cores, "cpu_count", lambda: 2)
+    quiet = speed.Speed(0.01, 0.0, 1e9, 0.0, 0.0, 1, 0.0, 0.0, "m")  # nothing else wanted the cores
+    assert speed.contention(quiet, 2, 1) == 1.0 and speed.contention(quiet, 1, 1) == 1.0
+    busy = speed.Speed(0.01, 0.0, 1e9, 0.0, 0.0, 1, 1.0, 0.0, "m", other=1.0)  # a core's worth of other work
+    assert speed.contention(busy, 2, 1) == pytest.approx(3 / 2)  # three threads on two cores
+    assert speed.contention(busy, 1, 1) == 1.0  # two on two
+
+
+def test_the_other_work_is_read_from_the_share_of_a_core_the_runs_got(monkeypatch):
+    import ablate.cores
+
+    monkeypatch.setattr(ablate.cores, "cpu_count", lambda: 2)
+    assert speed._other_demand(1.0, 1, 1) == 0.0  # both cores to the calibration and its companion
+    assert speed._other_demand(2 / 3, 1, 1) == pytest.approx(1.0)  # three wanted two cores
+    assert speed._other_demand(0.5, 2, 0) == pytest.approx(2.0)  # one run of 2 threads at half: two more
 
 
 def test_the_competing_load_counts_the_runnable_processes_besides_this_one(monkeypatch):
@@ -183,8 +231,10 @@ def test_companions_keep_the_other_cores_training_while_it_measures_and_stop_aft
         assert companions == []
 
 
-def test_contention_counts_the_calibrations_companions(monkeypatch):
-    monkeypatch.setattr(speed.os, "cpu_count", lambda: 2)
+def test_contention_counts_the_grids_own_threads(monkeypatch):
+    import ablate.cores
+
+    monkeypatch.setattr(ablate.cores, "cpu_count", lambda: 2)
     beside = speed.Speed(0.01, 0.0, 1e9, 0.0, 0.0, 1, 0.0, 0.0, "m", companions=1)  # measured with both cores busy
     assert speed.contention(beside, 2, 1) == 1.0 and speed.contention(beside, 1, 2) == 1.0
     assert speed.contention(beside, 4, 1) == pytest.approx(2.0)
