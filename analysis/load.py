@@ -379,10 +379,12 @@ def _assemble(root, kind, records, step_frames, grid, pending, skipped) -> Runs:
         steps = pd.concat(frames, ignore_index=True)
     else:
         steps = pd.DataFrame(columns=["cell_id", "group", "seed", "step"])
-    # JSON null (a non-finite value) arrives as None; as NaN every numeric column is float.
-    for column in steps.columns:
-        if column not in ("cell_id", "group"):
-            steps[column] = pd.to_numeric(steps[column], errors="coerce")
+    # JSON null (a non-finite value) arrives as None; as NaN every numeric column is float. The
+    # columns are converted in one frame: replaced one at a time, each became a block of its own,
+    # and the next column anything added to a 12-block grid's steps (over a hundred metrics)
+    # printed pandas' "DataFrame is highly fragmented" warning on every report.
+    steps = pd.DataFrame({c: steps[c] if c in ("cell_id", "group") else pd.to_numeric(steps[c], errors="coerce")
+                          for c in steps.columns}, index=steps.index)
     steps = steps.sort_values(["cell_id", "step"], kind="stable").reset_index(drop=True)
     return Runs(Path(root), kind, cells, steps, grid, pending, skipped, axis_columns)
 

@@ -234,3 +234,18 @@ def test_qk_norm_is_a_variant_axis_and_old_runs_had_none(tmp_path):
     config_path.write_text(json.dumps(config))
     runs = load_runs(tmp_path)
     assert sorted(runs.cells["qk_norm"]) == ["none", "rmsnorm"] and "qk_norm" in runs.varying_axes
+
+
+def test_a_run_with_a_hundred_metric_columns_loads_without_a_fragmentation_warning(tmp_path):
+    """Every report of a 12-block grid with the stability probes printed pandas'
+    PerformanceWarning ("DataFrame is highly fragmented") where a plot added a column to the
+    steps, after the metric columns had been made numeric one at a time."""
+    import warnings
+
+    runs = [write_run(tmp_path, seed=s, losses=[4.0, 3.0, 2.5, 2.2], n_layer=12, probe_every=1) for s in range(2)]
+    write_grid(tmp_path, runs)
+    loaded = load_runs(tmp_path)
+    assert loaded.steps.shape[1] > 100 and loaded.steps["attn_logit_max/layer_11"].dtype == float
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded.steps.assign(largest=1.0)  # as the attention-logit plot adds its column
