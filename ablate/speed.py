@@ -44,8 +44,9 @@ from pathlib import Path
 CACHE_NAME = "speed.json"
 MAX_AGE_S = 30 * 60
 LOAD_TOLERANCE = 1.0  # runnable processes: one more or fewer than at calibration changes a core's share
-# (model, blocks): two depths at tiny width give the per-block cost, a wider one the FLOP rate.
-POINTS = (("tiny", 1), ("tiny", 6), ("small", 2))
+# (model, blocks): depths at tiny width give the per-block cost, a wider one the FLOP rate; tiny x
+# 12 is the claims' own cell, so the fit is anchored where most estimates are made.
+POINTS = (("tiny", 1), ("tiny", 6), ("tiny", 12), ("small", 2))
 VARIANT_POINT = ("tiny", 6)  # the size at which a variant's block is timed against the default's
 VARIANT_ROUNDS = 15
 STEPS, WARMUP, BATCH, EVAL_BATCHES = 12, 4, 16, 4
@@ -264,10 +265,9 @@ def _companion(threads: int, folder: Path) -> None:
 
 
 def calibrate(threads: int = 1) -> Speed:
-    """Measure (about 15 s on a quiet 2-core machine; longer under load): the POINTS in
-    CALIBRATION_ROUNDS rounds, each point's step the median of its rounds. One round's three
-    runs gave rates from 52 to 95 GFLOP/s within a quarter of an hour (2026-12-02), and the fit,
-    three equations for three unknowns, passes a point's noise whole into the estimates: five
+    """Measure (about 20 s on a quiet 2-core machine; longer under load): the POINTS in
+    CALIBRATION_ROUNDS rounds, each point's step the median of its rounds, fitted (_fit). One
+    round gave rates from 52 to 95 GFLOP/s within a quarter of an hour (2026-12-02): five
     one-round calibrations in a row estimated the same all --quick at 27.9-40.3 min, five of
     three rounds at 30.5-37.0 (34.0 taken)."""
     import numpy as np
@@ -279,19 +279,30 @@ def calibrate(threads: int = 1) -> Speed:
                   for r in range(CALIBRATION_ROUNDS)]
     runs = [run for one in rounds for run in one]
     configs = [cfg for *_, cfg in rounds[0]]
-    # Least squares on [1, blocks, FLOPs] (three points: solved exactly), kept physical: no part
-    # of a step costs less than nothing.
     a = np.array([[1.0, cfg.size.n_layer, step_flops(cfg)] for cfg in configs])
     b = np.array([np.median([one[i][0] for one in rounds]) for i in range(len(POINTS))])
-    step_s, block_s, per_flop = np.linalg.lstsq(a, b, rcond=None)[0]
-    if min(step_s, block_s, per_flop) < 0:  # noise beat the signal: one rate for everything
-        step_s, block_s, per_flop = 0.0, 0.0, float(b.sum() / a[:, 2].sum())
-    return Speed(step_s=float(step_s), block_s=float(block_s), flops_per_s=1.0 / max(float(per_flop), 1e-15),
+    step_s, block_s, per_flop = _fit(a, b)
+    return Speed(step_s=step_s, block_s=block_s, flops_per_s=1.0 / max(per_flop, 1e-15),
                  eval_ratio=float(np.median([e / s for s, e, *_ in runs])),
                  cell_s=float(np.median([f for _, _, f, *_ in runs])), threads=threads, load=load,
                  measured_at=time.time(), machine=machine(), calibration_s=time.perf_counter() - t0,
                  companions=len(companions), format=FORMAT,
                  other=_other_demand(float(np.median([share for *_, share, _ in runs])), threads, len(companions)))
+
+
+def _fit(a, b) -> tuple[float, float, float]:
+    """Non-negative least squares of the step times `b` on [1, blocks, FLOPs] `a`, each point's
+    error relative to its time (a short step counts as much as a long one). No part of a step
+    costs less than nothing: where noise would make one negative it is 0 and the others fit
+    without it. (An exact solve of three points, dropped for one rate for everything when a part
+    came out negative, estimated prenorm-wins at 7.0 min under a load where the calibration a
+    minute before had said 10.1, 2026-12-03.)"""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    scale = np.abs(a).max(axis=0)  # columns of like size: seconds, blocks and FLOPs differ by 1e9
+    x, _ = nnls(a / scale / b[:, None], np.ones(len(b)))
+    return tuple(float(v) for v in x / scale)
 
 
 def _other_demand(share: float, threads: int, companions: int) -> float:

@@ -238,3 +238,19 @@ def test_contention_counts_the_grids_own_threads(monkeypatch):
     beside = speed.Speed(0.01, 0.0, 1e9, 0.0, 0.0, 1, 0.0, 0.0, "m", companions=1)  # measured with both cores busy
     assert speed.contention(beside, 2, 1) == 1.0 and speed.contention(beside, 1, 2) == 1.0
     assert speed.contention(beside, 4, 1) == pytest.approx(2.0)
+
+
+def test_noise_that_would_make_a_part_negative_leaves_the_others_fitted():
+    """A machine with no per-step cost, one point's time 5% low: an exact least squares gives a
+    negative per-step cost; the fit sets it to 0 and keeps the block cost and FLOP rate close,
+    where the fit before gave up on both for one rate for everything."""
+    import numpy as np
+
+    configs = [resolve({"model": m, "layers": n, "batch_size": speed.BATCH}) for m, n in speed.POINTS]
+    a = np.array([[1.0, c.size.n_layer, speed.step_flops(c)] for c in configs])
+    block_s, rate = 2e-3, 5e10
+    b = a @ np.array([0.0, block_s, 1 / rate])
+    b[0] *= 0.95
+    assert np.linalg.lstsq(a, b, rcond=None)[0][0] < 0
+    step, block, per_flop = speed._fit(a, b)
+    assert step == 0.0 and block == pytest.approx(block_s, rel=0.1) and 1 / per_flop == pytest.approx(rate, rel=0.1)
