@@ -34,7 +34,7 @@ def measured(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("share", [1.0, 0.5])
 def test_the_fit_recovers_a_known_machine(monkeypatch, share):
-    """Three calibration runs whose step times follow the model exactly give its figures back;
+    """Calibration runs whose step times follow the model exactly give its figures back;
     runs that got half a core each tell of other work wanting a core's worth per thread of ours."""
     import ablate.cores
 
