@@ -21,9 +21,9 @@ workers will (_busy_like_a_grid). Every figure is CPU time, a core's worth: unde
 scheduler hands each of three processes on two cores a full core for seconds and half of one
 for the next, so wall times of a 15-s calibration read the load anywhere from nothing to twice
 over (issue #29: under one other steady training, calibrations estimated qk-norm --quick at 4.3
-and at 8.0 min, where it took 6 to 7 min). The share of a core its runs got (their CPU time over their wall time) tells how
-much other work wanted the cores (`other`), and `contention` turns CPU time into wall time for
-a grid's workers beside that work. It is cached in $ABLATE_CACHE/speed.json and reused while it
+and at 8.0 min, where it took 6 to 7 min). The share of a core its runs got (their CPU time
+over their wall time) tells how much other work wanted the cores (`other`), and `contention`
+turns CPU time into wall time for a grid's workers beside that work. It is cached in $ABLATE_CACHE/speed.json and reused while it
 describes the machine: the same CPU, cores, torch, thread count, within MAX_AGE_S, and as many
 other processes running (within LOAD_TOLERANCE; counted now, not the lagging load average:
 competing_load) as when it was measured.
