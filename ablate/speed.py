@@ -23,10 +23,19 @@ for the next, so wall times of a 15-s calibration read the load anywhere from no
 over (issue #29: under one other steady training, calibrations estimated qk-norm --quick at 4.3
 and at 8.0 min, where it took 6 to 7 min). The share of a core its runs got (their CPU time
 over their wall time) tells how much other work wanted the cores (`other`), and `contention`
-turns CPU time into wall time for a grid's workers beside that work. It is cached in $ABLATE_CACHE/speed.json and reused while it
-describes the machine: the same CPU, cores, torch, thread count, within MAX_AGE_S, and as many
-other processes running (within LOAD_TOLERANCE; counted now, not the lagging load average:
-competing_load) as when it was measured.
+turns CPU time into wall time for a grid's workers beside that work. It is cached in
+$ABLATE_CACHE/speed.json and reused while it describes the machine: the same CPU, cores, torch,
+thread count, within MAX_AGE_S, and as many other processes running (within LOAD_TOLERANCE;
+counted now, not the lagging load average: competing_load) as when it was measured.
+
+The machine itself is not one speed. A virtual machine's host runs it faster or slower by up to
+1.5x for tens of seconds to minutes at a time, both cores together, with no steal time to show
+for it (2026-12-03: one 600-step run moved between 74 and 118 ms a step in 50-step windows;
+eight calibrations in 3 minutes put a claim cell's step at 72 to 116 ms). A 20-s calibration
+catches one such spell; a 5-min grid lives through several (the same grid took 4 min 53 s one
+day, 6 min 13 s the other). So the cache keeps the calibrations of the last HISTORY_S (at most
+HISTORY_MAX), and an estimate prices steps by the median over them (`pool`), the load by the
+newest alone, and says how far the fastest and slowest of them lie from it (`Speed.spread`).
 """
 from __future__ import annotations
 
@@ -51,7 +60,9 @@ VARIANT_POINT = ("tiny", 6)  # the size at which a variant's block is timed agai
 VARIANT_ROUNDS = 15
 STEPS, WARMUP, BATCH, EVAL_BATCHES = 12, 4, 16, 4
 CALIBRATION_ROUNDS = 3
-FORMAT = 2  # a cached calibration of another format (1: wall times) is measured again
+FORMAT = 3  # a cached calibration of another format (1: wall times, 2: no points) is measured again
+HISTORY_S, HISTORY_MAX = 24 * 3600, 16  # the calibrations an estimate pools (`pool`)
+CLAIM_POINT = POINTS.index(("tiny", 12))  # the point `spread` compares: a claim cell's step
 
 
 @dataclass
@@ -70,6 +81,11 @@ class Speed:
     variant_block_s: dict[str, float] = field(default_factory=dict)  # variant id -> its BLOCK (else block_s)
     other: float = 0.0  # cores' worth of other work that wanted the CPU while it measured (_other_demand)
     format: int = 1  # what a cache entry without the field was; calibrate writes FORMAT
+    points_s: list[float] = field(default_factory=list)  # a step's CPU seconds at each of POINTS (the fit's input)
+    variant_extra_s: dict[str, float] = field(default_factory=dict)  # variant id -> its block over the default's
+    calibrations: int = 1  # how many calibrations the figures pool (`pool`)
+    # the fastest and slowest pooled calibration's claim-cell step over the pooled one's
+    spread: list[float] = field(default_factory=lambda: [1.0, 1.0])
 
     def step_seconds(self, flops: float, blocks: int, variant: str | None = None) -> float:
         return self.step_s + self.variant_block_s.get(variant, self.block_s) * blocks + flops / self.flops_per_s
@@ -83,10 +99,20 @@ class Speed:
         return self.cell_s + cfg.steps * step + evals * self.eval_ratio * step
 
     def describe(self) -> str:
-        return (f"calibrated on this machine {_ago(self.measured_at)} at {self.threads} thread"
-                f"{'s' if self.threads != 1 else ''}, other work wanting {self.other:.1f} cores: per step "
-                f"{self.step_s * 1e3:.1f} ms + {self.block_s * 1e3:.1f} ms a block + FLOPs at "
-                f"{self.flops_per_s / 1e9:.1f} GFLOP/s, {self.cell_s:.1f} s a cell")
+        when = (f"calibrated on this machine {_ago(self.measured_at)}" if self.calibrations < 2 else
+                f"the median of {self.calibrations} calibrations on this machine in the last "
+                f"{HISTORY_S // 3600} h (the newest {_ago(self.measured_at)})")
+        return (f"{when} at {self.threads} thread{'s' if self.threads != 1 else ''}, other work wanting "
+                f"{self.other:.1f} cores: per step {self.step_s * 1e3:.1f} ms + {self.block_s * 1e3:.1f} ms a "
+                f"block + FLOPs at {self.flops_per_s / 1e9:.1f} GFLOP/s, {self.cell_s:.1f} s a cell")
+
+    def span(self, seconds: float) -> str:
+        """' (LOW-HIGH min at the fastest and slowest of N calibrations)' for an estimate of
+        `seconds`: how far this machine's own speed has moved it; '' with one calibration."""
+        if self.calibrations < 2:
+            return ""
+        low, high = (seconds * r / 60 for r in self.spread)
+        return f" ({low:.1f}-{high:.1f} min at the fastest and slowest of its {self.calibrations} calibrations)"
 
 
 def _ago(t: float) -> str:
@@ -278,16 +304,49 @@ def calibrate(threads: int = 1) -> Speed:
         rounds = [[_timed_run(model, blocks, threads, Path(tmp) / f"round{r}") for model, blocks in POINTS]
                   for r in range(CALIBRATION_ROUNDS)]
     runs = [run for one in rounds for run in one]
-    configs = [cfg for *_, cfg in rounds[0]]
-    a = np.array([[1.0, cfg.size.n_layer, step_flops(cfg)] for cfg in configs])
     b = np.array([np.median([one[i][0] for one in rounds]) for i in range(len(POINTS))])
-    step_s, block_s, per_flop = _fit(a, b)
+    step_s, block_s, per_flop = _fit(_point_matrix(), b)
     return Speed(step_s=step_s, block_s=block_s, flops_per_s=1.0 / max(per_flop, 1e-15),
                  eval_ratio=float(np.median([e / s for s, e, *_ in runs])),
                  cell_s=float(np.median([f for _, _, f, *_ in runs])), threads=threads, load=load,
                  measured_at=time.time(), machine=machine(), calibration_s=time.perf_counter() - t0,
-                 companions=len(companions), format=FORMAT,
+                 companions=len(companions), format=FORMAT, points_s=[float(v) for v in b],
                  other=_other_demand(float(np.median([share for *_, share, _ in runs])), threads, len(companions)))
+
+
+def _point_matrix():
+    """[1, blocks, FLOPs] of each of POINTS: the fit's design matrix."""
+    import numpy as np
+
+    from ablate.config import resolve
+
+    configs = [resolve({"model": model, "layers": blocks, "batch_size": BATCH}) for model, blocks in POINTS]
+    return np.array([[1.0, cfg.size.n_layer, step_flops(cfg)] for cfg in configs])
+
+
+def pool(history: list[Speed]) -> Speed:
+    """One speed from the calibrations in `history` (oldest first): each point's step the median
+    over them, fitted again (_fit); the evaluation ratio, fixed cost and each variant's block
+    difference their medians; the load (`other`, `load`) the newest's, since it is the load now.
+    `spread`: the fastest and slowest calibration's claim-cell step over the pooled one's."""
+    import dataclasses
+
+    import numpy as np
+
+    newest = history[-1]
+    full = [s for s in history if len(s.points_s) == len(POINTS)]
+    if len(full) < 2:
+        return newest
+    points = np.median(np.array([s.points_s for s in full]), axis=0)
+    step_s, block_s, per_flop = _fit(_point_matrix(), points)
+    extras = {v: float(np.median([s.variant_extra_s[v] for s in full if v in s.variant_extra_s]))
+              for v in set().union(*(s.variant_extra_s for s in full))}
+    claim = [s.points_s[CLAIM_POINT] / points[CLAIM_POINT] for s in full]
+    return dataclasses.replace(
+        newest, step_s=step_s, block_s=block_s, flops_per_s=1.0 / max(per_flop, 1e-15),
+        eval_ratio=float(np.median([s.eval_ratio for s in full])), cell_s=float(np.median([s.cell_s for s in full])),
+        variant_extra_s=extras, variant_block_s={v: max(0.0, block_s + e) for v, e in extras.items()},
+        points_s=[float(v) for v in points], calibrations=len(full), spread=[min(claim), max(claim)])
 
 
 def _fit(a, b) -> tuple[float, float, float]:
@@ -366,7 +425,7 @@ def calibrate_variants(speed: Speed, variants) -> bool:
     from ablate.variants import DEFAULTS, make_variant
 
     default = make_variant(**DEFAULTS).id
-    missing = sorted(set(variants) - set(speed.variant_block_s) - {default})
+    missing = sorted(set(variants) - set(speed.variant_extra_s) - {default})
     if not missing:
         return False
     with _busy_like_a_grid(speed.threads):
@@ -375,6 +434,7 @@ def calibrate_variants(speed: Speed, variants) -> bool:
     for variant in missing:
         flops = step_flops(resolve(_point_options(variant))) - base_flops  # all blocks': a step's
         extra = seconds[variant] - seconds[None] - flops / blocks / speed.flops_per_s
+        speed.variant_extra_s[variant] = extra
         speed.variant_block_s[variant] = max(0.0, speed.block_s + extra)
     return True
 
@@ -385,24 +445,37 @@ def _cache_path() -> Path:
     return cache_root() / CACHE_NAME
 
 
-def _cached(threads: int) -> Speed | None:
+def _history(threads: int) -> list[Speed]:
+    """The cached calibrations at `threads` threads that describe this machine (its CPU, torch,
+    FORMAT) and are under HISTORY_S old, oldest first; [] for a missing or damaged cache."""
     try:
-        entry = json.loads(_cache_path().read_text()).get(str(threads))
-        speed = Speed(**entry)
-    except (OSError, ValueError, TypeError, AttributeError):
-        return None
-    fresh = time.time() - speed.measured_at < MAX_AGE_S and abs(competing_load() - speed.load) <= LOAD_TOLERANCE
-    return speed if fresh and speed.machine == machine() and speed.format == FORMAT else None
+        entries = json.loads(_cache_path().read_text()).get(str(threads))
+    except (OSError, ValueError, AttributeError):
+        return []
+    history = []
+    for entry in entries if isinstance(entries, list) else []:  # a dict: one entry of format 2 or older
+        try:
+            speed = Speed(**entry)
+        except TypeError:
+            continue
+        if speed.machine == machine() and speed.format == FORMAT and time.time() - speed.measured_at < HISTORY_S:
+            history.append(speed)
+    return sorted(history, key=lambda s: s.measured_at)[-HISTORY_MAX:]
 
 
-def _store(speed: Speed) -> None:
+def _fresh(speed: Speed) -> bool:
+    """Whether a calibration still describes the machine now: young enough, under the same load."""
+    return time.time() - speed.measured_at < MAX_AGE_S and abs(competing_load() - speed.load) <= LOAD_TOLERANCE
+
+
+def _store(history: list[Speed]) -> None:
     path = _cache_path()
     try:
         entries = json.loads(path.read_text()) if path.exists() else {}
         entries = entries if isinstance(entries, dict) else {}
     except (OSError, ValueError):
         entries = {}
-    entries[str(speed.threads)] = asdict(speed)
+    entries[str(history[-1].threads)] = [asdict(s) for s in history[-HISTORY_MAX:]]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
@@ -419,21 +492,21 @@ SPEED_ENV = "ABLATE_SPEED"
 
 
 def machine_speed(threads: int = 1, quiet: bool = False, variants=()) -> Speed:
-    """The cached calibration when it still describes this machine, else a new one (cached),
-    with the BLOCK of each of `variants` (ids) measured; the reference yardstick where
-    $ABLATE_SPEED is `reference`."""
+    """This machine's speed pooled over its recent calibrations (`pool`): the cached ones, and a
+    new one (cached) when the newest no longer describes the machine (_fresh), with the BLOCK of
+    each of `variants` (ids) measured; the reference yardstick where $ABLATE_SPEED is `reference`."""
     if os.environ.get(SPEED_ENV) == "reference":
         return reference(threads)
-    speed, measured = _cached(threads), False
-    if speed is None:
+    history, measured = _history(threads), False
+    if not history or not _fresh(history[-1]):
         if not quiet:
             print(f"ablate: measuring this machine's training speed at {threads} thread"
                   f"{'s' if threads != 1 else ''} for the estimate (seconds on a quiet machine, longer under "
                   "load; cached)", file=sys.stderr, flush=True)
-        speed, measured = calibrate(threads), True
-    if calibrate_variants(speed, variants) or measured:
-        _store(speed)
-    return speed
+        history, measured = [*history, calibrate(threads)], True
+    if calibrate_variants(history[-1], variants) or measured:
+        _store(history)
+    return pool(history)
 
 
 def grid_variants(grid) -> set[str]:
@@ -446,6 +519,12 @@ def threads_per_worker(workers: int) -> int:
     from ablate.cores import cpu_count
 
     return max(1, cpu_count() // max(1, workers))
+
+
+def grid_speed(grid, workers: int) -> Speed:
+    """This machine's speed for `grid` with `workers` local cells at once: at their threads, with
+    the blocks of its variants measured."""
+    return machine_speed(threads_per_worker(max(1, min(workers, len(grid.cells)))), variants=grid_variants(grid))
 
 
 def grid_seconds(grid, workers: int, threads: int | None = None, speed: Speed | None = None) -> float:

@@ -116,13 +116,14 @@ def test_each_variant_an_estimate_needs_is_measured_once_and_cached(measured, mo
     again = speed.machine_speed(1, quiet=True, variants=[QK])  # from the cache file
     assert timed == [[None, QK]] and again.variant_block_s[QK] == pytest.approx(block + 0.004)
     assert measured["calls"] == 1
-    stored = json.loads((tmp_path / speed.CACHE_NAME).read_text())["1"]["variant_block_s"]
-    assert stored[QK] == pytest.approx(block + 0.004)
+    stored = json.loads((tmp_path / speed.CACHE_NAME).read_text())["1"][-1]
+    assert stored["variant_block_s"][QK] == pytest.approx(block + 0.004)
+    assert stored["variant_extra_s"][QK] == pytest.approx(0.004)
 
 
 def test_the_calibration_is_cached_while_it_describes_the_machine(measured, monkeypatch, tmp_path):
     first = speed.machine_speed(1, quiet=True)
-    assert measured["calls"] == 1 and json.loads((tmp_path / speed.CACHE_NAME).read_text())["1"]["threads"] == 1
+    assert measured["calls"] == 1 and json.loads((tmp_path / speed.CACHE_NAME).read_text())["1"][-1]["threads"] == 1
     assert speed.machine_speed(1, quiet=True) == first and measured["calls"] == 1  # cached
     speed.machine_speed(2, quiet=True)  # another thread count: its own entry
     assert measured["calls"] == 2
@@ -130,7 +131,8 @@ def test_the_calibration_is_cached_while_it_describes_the_machine(measured, monk
     speed.machine_speed(1, quiet=True)
     assert measured["calls"] == 3
     entries = json.loads((tmp_path / speed.CACHE_NAME).read_text())
-    del entries["1"]["format"]  # written before the figures were CPU time: measured again
+    assert len(entries["1"]) == 2  # the history: both calibrations at 1 thread
+    entries["1"] = {**entries["1"][-1], "format": 2}  # one entry of format 2, without its points: measured again
     (tmp_path / speed.CACHE_NAME).write_text(json.dumps(entries))
     speed.machine_speed(1, quiet=True)
     assert measured["calls"] == 4 and speed.machine_speed(1, quiet=True).format == speed.FORMAT
@@ -254,3 +256,59 @@ def test_noise_that_would_make_a_part_negative_leaves_the_others_fitted():
     assert np.linalg.lstsq(a, b, rcond=None)[0][0] < 0
     step, block, per_flop = speed._fit(a, b)
     assert step == 0.0 and block == pytest.approx(block_s, rel=0.1) and 1 / per_flop == pytest.approx(rate, rel=0.1)
+
+
+def _calibration(scale: float, at: float, other: float = 0.0, extras=None) -> speed.Speed:
+    """A calibration of a machine at `scale` x a known one's step times, measured at time `at`."""
+    import numpy as np
+
+    points = speed._point_matrix() @ np.array([0.004, 0.0015, 1 / 2e9]) * scale
+    return speed.Speed(0.0, 0.0, 1.0, 0.2 * scale, 1.0 * scale, 1, other, at, speed.machine(), format=speed.FORMAT,
+                       points_s=[float(v) for v in points], variant_extra_s=dict(extras or {}), other=other)
+
+
+def test_an_estimate_prices_steps_by_the_median_of_the_recent_calibrations():
+    """Three calibrations caught the machine at 1.5x, 1x and 0.8x its steps' time: the estimate
+    prices steps at the median, the load at the newest, and says where the other two lay."""
+    history = [_calibration(1.5, 1.0, extras={QK: 0.003}), _calibration(1.0, 2.0, extras={QK: 0.001}),
+               _calibration(0.8, 3.0, other=1.0)]
+    s = speed.pool(history)
+    assert s.step_s == pytest.approx(0.004, rel=1e-6) and s.block_s == pytest.approx(0.0015, rel=1e-6)
+    assert s.flops_per_s == pytest.approx(2e9, rel=1e-6)
+    assert s.eval_ratio == pytest.approx(0.2) and s.cell_s == pytest.approx(1.0)
+    assert s.other == 1.0 and s.measured_at == 3.0  # the load now: the newest's
+    assert s.calibrations == 3 and s.spread == pytest.approx([0.8, 1.5])
+    assert s.variant_extra_s == {QK: pytest.approx(0.002)}  # the median of the two that measured it
+    assert s.variant_block_s == {QK: pytest.approx(0.0035)}
+    assert s.span(600) == " (8.0-15.0 min at the fastest and slowest of its 3 calibrations)"
+    one = speed.pool(history[-1:])
+    assert one is history[-1] and one.span(600) == ""  # one calibration: nothing to say about its spread
+
+
+def test_the_history_keeps_the_last_day_of_this_machine(measured, monkeypatch, tmp_path):
+    """A calibration too old to describe the load now is measured again and joins the history;
+    calibrations over HISTORY_S old, of another machine, or beyond HISTORY_MAX are left out."""
+    now = speed.time.time()
+    clock = {"now": now}
+    monkeypatch.setattr(speed.time, "time", lambda: clock["now"])
+    old = [_calibration(2.0, now - speed.HISTORY_S - 1),  # over a day old
+           dataclasses_replace(_calibration(2.0, now - 60), machine="another"),
+           _calibration(1.0, now - 2 * speed.MAX_AGE_S), _calibration(1.2, now - speed.MAX_AGE_S - 1)]
+    speed._store(old)
+    monkeypatch.setattr(speed, "calibrate", lambda threads=1: _calibration(0.9, clock["now"]))
+    s = speed.machine_speed(1, quiet=True)  # the newest is over MAX_AGE_S old: one more
+    assert s.calibrations == 3 and s.spread == pytest.approx([0.9, 1.2])
+    assert s.step_s == pytest.approx(0.004, rel=1e-6)  # the median: the 1.0x calibration
+    stored = json.loads((tmp_path / speed.CACHE_NAME).read_text())["1"]
+    assert [e["points_s"][0] / stored[-1]["points_s"][0] for e in stored] == pytest.approx([1 / 0.9, 1.2 / 0.9, 1])
+    for i in range(speed.HISTORY_MAX + 2):  # each an hour apart: measured again every time
+        clock["now"] += 3600
+        speed.machine_speed(1, quiet=True)
+    assert len(json.loads((tmp_path / speed.CACHE_NAME).read_text())["1"]) == speed.HISTORY_MAX
+    assert speed.machine_speed(1, quiet=True).calibrations == speed.HISTORY_MAX  # the newest of the last day's
+
+
+def dataclasses_replace(s, **changes):
+    import dataclasses
+
+    return dataclasses.replace(s, **changes)

@@ -81,13 +81,14 @@ def list_grids() -> int:
 
 def estimate_line(grid, workers: int) -> str:
     """The grid's estimated wall time on this machine with local workers (ablate/speed.py)."""
-    from ablate.speed import grid_seconds, grid_variants, machine_speed, threads_per_worker
+    from ablate.speed import grid_seconds, grid_speed
 
     workers = max(1, min(workers, len(grid.cells)))
-    speed = machine_speed(threads_per_worker(workers), variants=grid_variants(grid))
-    minutes = grid_seconds(grid, workers, speed=speed) / 60
-    return (f"estimated time: about {minutes:.1f} min with {workers} local worker{'s' if workers != 1 else ''} "
-            f"(--workers), {speed.describe()}; cells that diverge stop early, so less")
+    speed = grid_speed(grid, workers)
+    seconds = grid_seconds(grid, workers, speed=speed)
+    return (f"estimated time: about {seconds / 60:.1f} min{speed.span(seconds)} with {workers} local "
+            f"worker{'s' if workers != 1 else ''} (--workers), {speed.describe()}; cells that diverge stop early, "
+            "so less")
 
 
 def dry_run(grid, out: Path, workers: int = 1) -> int:

@@ -162,14 +162,18 @@ def _write_text(path: Path, text: str) -> None:
 def estimate(plan: LadderPlan, workers: int, full: bool) -> list[str]:
     from ablate.commands.reproduce import estimate_gpu_hours, quick_seconds
 
-    lines, total = [], 0.0
+    from ablate.speed import grid_speed
+
+    lines, total, span = [], 0.0, lambda seconds: ""
     for rung, grid, size in zip(plan.rungs, plan.grids, plan.sizes):
         if full:
             hours = estimate_gpu_hours(grid)
             total += hours
             cost = f"{hours:.2f} GPU-hours at least"
         else:
-            seconds = quick_seconds(grid, max(1, workers))
+            speed = grid_speed(grid, workers)
+            span = speed.span  # the calibrations' spread: the same for every rung
+            seconds = quick_seconds(grid, max(1, workers), speed)
             total += seconds
             cost = f"about {seconds / 60:.1f} min"
         rates = ", ".join(f"{r:g}" for r in sorted(set(grid.axes.get("lr", [grid.base.get("lr")]))))
@@ -181,8 +185,8 @@ def estimate(plan: LadderPlan, workers: int, full: bool) -> list[str]:
         what = (f"{total:.2f} GPU-hours at least, at {ASSUMED_MFU:.0%} of a {ASSUMED_PEAK_FLOPS / 1e12:.0f} TFLOP/s "
                 "bf16 GPU (small models reach less, so expect more)")
     else:
-        what = (f"about {total / 60:.1f} min with {max(1, workers)} cells at once, at this machine's speed measured "
-                "under its present load")
+        what = (f"about {total / 60:.1f} min{span(total)} with {max(1, workers)} cells at once, at this machine's "
+                "speed measured under its present load")
     lines.append(f"  total: {what}; before any move of a rung's sweep")
     return lines
 

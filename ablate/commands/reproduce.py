@@ -138,7 +138,8 @@ def list_claims() -> int:
         full = f"{estimate_gpu_hours(gpu):.2f} h" if gpu else "-"
         print(f"  {name:<18}{claim.grid:<26}{len(cpu.cells):>6}{_minutes(seconds):>13}"
               f"{(len(gpu.cells) if gpu else '-'):>10}{full:>12}  {claim.source}")
-    print(f"all --quick: about {_minutes(total)} with {quick_workers()} cells at once, {speed.describe()}; diverged "
+    print(f"all --quick: about {_minutes(total)}{speed.span(total)} with {quick_workers()} cells at once, "
+          f"{speed.describe()}; diverged "
           "cells stop early, so less. --full: GPU-hours at least, at "
           f"{ASSUMED_MFU:.0%} of a {ASSUMED_PEAK_FLOPS / 1e12:.0f} TFLOP/s bf16 GPU.")
     return 0
@@ -217,7 +218,11 @@ def reproduce(claim, out: Path, scale: str, overrides: dict, args, grid=None):
         print(f"estimated GPU time: {estimate_gpu_hours(grid):.2f} GPU-hours at least ({ASSUMED_MFU:.0%} of a "
               f"{ASSUMED_PEAK_FLOPS / 1e12:.0f} TFLOP/s bf16 GPU; small models reach less, so expect more)", flush=True)
     else:
-        print(f"estimated time: about {_minutes(quick_seconds(grid, max(1, workers)))} with {max(1, workers)} "
+        from ablate.speed import grid_speed
+
+        speed = grid_speed(grid, workers)
+        seconds = quick_seconds(grid, max(1, workers), speed)
+        print(f"estimated time: about {_minutes(seconds)}{speed.span(seconds)} with {max(1, workers)} "
               "cell(s) at once (this machine's speed, measured)", flush=True)
     t0 = time.time()
     status = run_grid(grid, out, GridRunOptions(workers=workers, quiet=args.quiet))
