@@ -346,7 +346,8 @@ def pool(history: list[Speed]) -> Speed:
         newest, step_s=step_s, block_s=block_s, flops_per_s=1.0 / max(per_flop, 1e-15),
         eval_ratio=float(np.median([s.eval_ratio for s in full])), cell_s=float(np.median([s.cell_s for s in full])),
         variant_extra_s=extras, variant_block_s={v: max(0.0, block_s + e) for v, e in extras.items()},
-        points_s=[float(v) for v in points], calibrations=len(full), spread=[min(claim), max(claim)])
+        points_s=[float(v) for v in points], calibrations=len(full),
+        spread=[float(min(claim)), float(max(claim))])
 
 
 def _fit(a, b) -> tuple[float, float, float]:
