@@ -6,10 +6,13 @@ A cost model fitted once on another day's load was off by 2x (issue #29: 11.6 mi
 harness's own loop (probes, logging, evaluation), at the thread count the cells will use, and
 fits, per training step,
 
-    seconds = STEP + BLOCK x blocks + FLOPs / RATE
+    seconds = STEP + blocks x (BLOCK + ELEM x tokens x width) + FLOPs / RATE
 
-(STEP: embeddings, loss, optimizer and logging; BLOCK: a block's many small ops, which at
-these widths cost more than its FLOPs; RATE: the rate of the FLOPs themselves), plus a
+(STEP: embeddings, loss, optimizer and logging; BLOCK: the fixed cost of a block's many small
+ops, which at these widths cost more than its FLOPs; ELEM: the part of them that grows with the
+activations they pass over, a batch's tokens x the width; RATE: the rate of the FLOPs
+themselves. Without ELEM, BLOCK measured at width 64 priced a width-16 ladder rung at 1.37x the
+time it took, 2026-12-03), plus a
 validation batch's cost relative to a training step and a cell's fixed cost (building the
 model and data, the first steps' warm-up). BLOCK is the default block's; another block design
 has other small ops (qk-norm's two norms a head and unpacked attention: its estimate read 0.73x
@@ -55,14 +58,16 @@ MAX_AGE_S = 30 * 60
 LOAD_TOLERANCE = 1.0  # runnable processes: one more or fewer than at calibration changes a core's share
 # (model, blocks): depths at tiny width give the per-block cost, a wider one the FLOP rate; tiny x
 # 12 is the claims' own cell, so the fit is anchored where most estimates are made.
-POINTS = (("tiny", 1), ("tiny", 6), ("tiny", 12), ("small", 2))
+# (model, blocks, width or None: the model's): width 16 at 12 blocks parts a block's fixed cost
+# from what grows with its width (a ladder's narrow rungs).
+POINTS = (("tiny", 1, None), ("tiny", 6, None), ("tiny", 12, None), ("small", 2, None), ("tiny", 12, 16))
 VARIANT_POINT = ("tiny", 6)  # the size at which a variant's block is timed against the default's
 VARIANT_ROUNDS = 15
 STEPS, WARMUP, BATCH, EVAL_BATCHES = 12, 4, 16, 4
 CALIBRATION_ROUNDS = 3
-FORMAT = 3  # a cached calibration of another format (1: wall times, 2: no points) is measured again
+FORMAT = 4  # a calibration of another format (1: wall times, 2: no points, 3: no ELEM) is measured again
 HISTORY_S, HISTORY_MAX = 24 * 3600, 16  # the calibrations an estimate pools (`pool`)
-CLAIM_POINT = POINTS.index(("tiny", 12))  # the point `spread` compares: a claim cell's step
+CLAIM_POINT = POINTS.index(("tiny", 12, None))  # the point `spread` compares: a claim cell's step
 
 
 @dataclass
@@ -86,15 +91,18 @@ class Speed:
     calibrations: int = 1  # how many calibrations the figures pool (`pool`)
     # the fastest and slowest pooled calibration's claim-cell step over the pooled one's
     spread: list[float] = field(default_factory=lambda: [1.0, 1.0])
+    elem_s: float = 0.0  # per block per token per channel of width: the small ops' part that grows with them
 
-    def step_seconds(self, flops: float, blocks: int, variant: str | None = None) -> float:
-        return self.step_s + self.variant_block_s.get(variant, self.block_s) * blocks + flops / self.flops_per_s
+    def step_seconds(self, flops: float, blocks: int, variant: str | None = None, elements: float = 0.0) -> float:
+        """A step's seconds: `elements` are its blocks' activations, blocks x tokens x width."""
+        return (self.step_s + self.variant_block_s.get(variant, self.block_s) * blocks + self.elem_s * elements
+                + flops / self.flops_per_s)
 
     def cell_seconds(self, cfg, flops: float | None = None) -> float:
         """One cell's seconds at this speed: its steps, its evaluations, its fixed cost. A cell
         that diverges stops early, so this is an upper bound for those."""
         flops = step_flops(cfg) if flops is None else flops
-        step = self.step_seconds(flops, cfg.size.n_layer, cfg.spec.id)
+        step = self.step_seconds(flops, cfg.size.n_layer, cfg.spec.id, block_elements(cfg))
         evals = (cfg.steps - 1) // cfg.eval_every * cfg.eval_batches + cfg.final_eval_batches
         return self.cell_s + cfg.steps * step + evals * self.eval_ratio * step
 
@@ -104,7 +112,8 @@ class Speed:
                 f"{HISTORY_S // 3600} h (the newest {_ago(self.measured_at)})")
         return (f"{when} at {self.threads} thread{'s' if self.threads != 1 else ''}, other work wanting "
                 f"{self.other:.1f} cores: per step {self.step_s * 1e3:.1f} ms + {self.block_s * 1e3:.1f} ms a "
-                f"block + FLOPs at {self.flops_per_s / 1e9:.1f} GFLOP/s, {self.cell_s:.1f} s a cell")
+                f"block + {self.elem_s * 1e9:.1f} ns per activation in a block + FLOPs at "
+                f"{self.flops_per_s / 1e9:.1f} GFLOP/s, {self.cell_s:.1f} s a cell")
 
     def span(self, seconds: float) -> str:
         """' (LOW-HIGH min at the fastest and slowest of N calibrations)' for an estimate of
@@ -203,8 +212,13 @@ def step_flops(cfg) -> float:
     return _FLOPS[key]
 
 
-def _timed_run(model: str, blocks: int, threads: int, out: Path,
-               variant: str | None = None) -> tuple[float, float, float, float, object]:
+def block_elements(cfg) -> float:
+    """A step's activations through its blocks: blocks x a batch's tokens x the width (ELEM's unit)."""
+    return cfg.size.n_layer * cfg.batch_size * cfg.context * cfg.size.d_model
+
+
+def _timed_run(model: str, blocks: int, threads: int, out: Path, variant: str | None = None,
+               width: int | None = None) -> tuple[float, float, float, float, object]:
     """One calibration run (of the default block, or `variant`): (mean step seconds after
     warm-up, one validation batch's seconds, fixed seconds, all three in CPU time a thread; the
     share of its threads' cores the run got; its config). The share is the run's CPU time over
@@ -216,9 +230,10 @@ def _timed_run(model: str, blocks: int, threads: int, out: Path,
 
     options = {"model": model, "layers": blocks, "steps": STEPS, "batch_size": BATCH, "schedule": "constant",
                "eval_every": STEPS, "eval_batches": 1, "final_eval_batches": EVAL_BATCHES,
-               "checkpoint_every": STEPS, "threads": threads, **_variant_option(variant)}
+               "checkpoint_every": STEPS, "threads": threads, **_variant_option(variant),
+               **({"width": width} if width else {})}
     cell = Cell.from_options(options)
-    run_dir = out / f"{model}x{blocks}{'-' + variant if variant else ''}"
+    run_dir = out / f"{model}x{blocks}{f'w{width}' if width else ''}{'-' + variant if variant else ''}"
     c0, t0 = time.process_time(), time.perf_counter()
     train(cell, run_dir)
     total, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -280,9 +295,9 @@ def _companion(threads: int, folder: Path) -> None:
     torch.set_num_threads(threads)
     parent = os.getppid()
     for i in range(1 << 30):
-        model, blocks = POINTS[i % len(POINTS)]
+        model, blocks, width = POINTS[i % len(POINTS)]
         out = folder / f"{os.getpid()}-{i}"
-        _timed_run(model, blocks, threads, out)
+        _timed_run(model, blocks, threads, out, width=width)
         shutil.rmtree(out, ignore_errors=True)
         if i == 0:
             print("ready", flush=True)
@@ -301,12 +316,12 @@ def calibrate(threads: int = 1) -> Speed:
     load = competing_load()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp, _busy_like_a_grid(threads) as companions:
-        rounds = [[_timed_run(model, blocks, threads, Path(tmp) / f"round{r}") for model, blocks in POINTS]
-                  for r in range(CALIBRATION_ROUNDS)]
+        rounds = [[_timed_run(model, blocks, threads, Path(tmp) / f"round{r}", width=width)
+                   for model, blocks, width in POINTS] for r in range(CALIBRATION_ROUNDS)]
     runs = [run for one in rounds for run in one]
     b = np.array([np.median([one[i][0] for one in rounds]) for i in range(len(POINTS))])
-    step_s, block_s, per_flop = _fit(_point_matrix(), b)
-    return Speed(step_s=step_s, block_s=block_s, flops_per_s=1.0 / max(per_flop, 1e-15),
+    step_s, block_s, elem_s, per_flop = _fit(_point_matrix(), b)
+    return Speed(step_s=step_s, block_s=block_s, elem_s=elem_s, flops_per_s=1.0 / max(per_flop, 1e-15),
                  eval_ratio=float(np.median([e / s for s, e, *_ in runs])),
                  cell_s=float(np.median([f for _, _, f, *_ in runs])), threads=threads, load=load,
                  measured_at=time.time(), machine=machine(), calibration_s=time.perf_counter() - t0,
@@ -315,13 +330,14 @@ def calibrate(threads: int = 1) -> Speed:
 
 
 def _point_matrix():
-    """[1, blocks, FLOPs] of each of POINTS: the fit's design matrix."""
+    """[1, blocks, block elements, FLOPs] of each of POINTS: the fit's design matrix."""
     import numpy as np
 
     from ablate.config import resolve
 
-    configs = [resolve({"model": model, "layers": blocks, "batch_size": BATCH}) for model, blocks in POINTS]
-    return np.array([[1.0, cfg.size.n_layer, step_flops(cfg)] for cfg in configs])
+    configs = [resolve({"model": model, "layers": blocks, "batch_size": BATCH, **({"width": width} if width else {})})
+               for model, blocks, width in POINTS]
+    return np.array([[1.0, cfg.size.n_layer, block_elements(cfg), step_flops(cfg)] for cfg in configs])
 
 
 def pool(history: list[Speed]) -> Speed:
@@ -338,29 +354,29 @@ def pool(history: list[Speed]) -> Speed:
     if len(full) < 2:
         return newest
     points = np.median(np.array([s.points_s for s in full]), axis=0)
-    step_s, block_s, per_flop = _fit(_point_matrix(), points)
+    step_s, block_s, elem_s, per_flop = _fit(_point_matrix(), points)
     extras = {v: float(np.median([s.variant_extra_s[v] for s in full if v in s.variant_extra_s]))
               for v in set().union(*(s.variant_extra_s for s in full))}
     claim = [s.points_s[CLAIM_POINT] / points[CLAIM_POINT] for s in full]
     return dataclasses.replace(
-        newest, step_s=step_s, block_s=block_s, flops_per_s=1.0 / max(per_flop, 1e-15),
+        newest, step_s=step_s, block_s=block_s, elem_s=elem_s, flops_per_s=1.0 / max(per_flop, 1e-15),
         eval_ratio=float(np.median([s.eval_ratio for s in full])), cell_s=float(np.median([s.cell_s for s in full])),
         variant_extra_s=extras, variant_block_s={v: max(0.0, block_s + e) for v, e in extras.items()},
         points_s=[float(v) for v in points], calibrations=len(full),
         spread=[float(min(claim)), float(max(claim))])
 
 
-def _fit(a, b) -> tuple[float, float, float]:
-    """Non-negative least squares of the step times `b` on [1, blocks, FLOPs] `a`, each point's
-    error relative to its time (a short step counts as much as a long one). No part of a step
-    costs less than nothing: where noise would make one negative it is 0 and the others fit
-    without it. (An exact solve of three points, dropped for one rate for everything when a part
+def _fit(a, b) -> tuple[float, ...]:
+    """Non-negative least squares of the step times `b` on the columns of `a` (_point_matrix: 1,
+    blocks, block elements, FLOPs), each point's error relative to its time (a short step counts
+    as much as a long one). No part of a step costs less than nothing: where noise would make one
+    negative it is 0 and the others fit without it. (An exact solve of three points, dropped for one rate for everything when a part
     came out negative, estimated prenorm-wins at 7.0 min under a load where the calibration a
     minute before had said 10.1, 2026-12-03.)"""
     import numpy as np
     from scipy.optimize import nnls
 
-    scale = np.abs(a).max(axis=0)  # columns of like size: seconds, blocks and FLOPs differ by 1e9
+    scale = np.abs(a).max(axis=0)  # columns of like size: seconds, blocks, elements and FLOPs differ by 1e9
     x, _ = nnls(a / scale / b[:, None], np.ones(len(b)))
     return tuple(float(v) for v in x / scale)
 

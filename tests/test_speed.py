@@ -38,18 +38,18 @@ def test_the_fit_recovers_a_known_machine(monkeypatch, share):
     runs that got half a core each tell of other work wanting a core's worth per thread of ours."""
     import ablate.cores
 
-    step_s, block_s, rate = 0.004, 0.0015, 2e9
+    step_s, block_s, elem_s, rate = 0.004, 0.0015, 1e-8, 2e9
     monkeypatch.setattr(ablate.cores, "cpu_count", lambda: 1)  # no companions: the run and the other work
 
-    def timed_run(model, blocks, threads, out):
-        cfg = resolve({"model": model, "layers": blocks, "batch_size": speed.BATCH})
-        step = step_s + block_s * blocks + speed.step_flops(cfg) / rate
+    def timed_run(model, blocks, threads, out, width=None):
+        cfg = resolve({"model": model, "layers": blocks, "batch_size": speed.BATCH, "width": width})
+        step = step_s + block_s * blocks + elem_s * speed.block_elements(cfg) + speed.step_flops(cfg) / rate
         return step, step * 0.3, 1.5, share, cfg
 
     monkeypatch.setattr(speed, "_timed_run", timed_run)
     s = speed.calibrate(1)
     assert s.step_s == pytest.approx(step_s, rel=1e-6) and s.block_s == pytest.approx(block_s, rel=1e-6)
-    assert s.flops_per_s == pytest.approx(rate, rel=1e-6)
+    assert s.elem_s == pytest.approx(elem_s, rel=1e-6) and s.flops_per_s == pytest.approx(rate, rel=1e-6)
     assert s.eval_ratio == pytest.approx(0.3) and s.cell_s == pytest.approx(1.5)
     assert s.companions == 0 and s.other == pytest.approx(1 / share - 1)
     assert speed.contention(s, 1, 1) == pytest.approx(1 / share)  # one worker beside that work: its share again
@@ -83,6 +83,16 @@ def test_a_cells_estimate_is_its_steps_evaluations_and_fixed_cost():
     cfg = resolve({"layers": 5, "steps": 100, "eval_every": 50, "eval_batches": 4, "final_eval_batches": 8})
     step = 0.01 + 0.002 * 5
     assert s.cell_seconds(cfg) == pytest.approx(2.0 + 100 * step + (1 * 4 + 8) * 0.5 * step)
+
+
+def test_a_narrow_blocks_small_ops_cost_less_than_a_wide_ones():
+    """ELEM prices what grows with the activations a block passes over: a width-16 cell's
+    blocks cost their fixed part and a quarter of a width-64 cell's growing part."""
+    s = speed.Speed(0.0, 0.002, float("inf"), 0.0, 0.0, 1, 0.0, 0.0, "m", elem_s=1e-8)
+    narrow, wide = (resolve({"layers": 4, "steps": 10, "width": w}) for w in (16, 64))
+    tokens = narrow.batch_size * narrow.context
+    assert s.cell_seconds(narrow) == pytest.approx(10 * 4 * (0.002 + 1e-8 * tokens * 16))
+    assert s.cell_seconds(wide) == pytest.approx(10 * 4 * (0.002 + 1e-8 * tokens * 64))
 
 
 QK = "pre.layernorm.gelu.dense.res.qk-layernorm"
@@ -192,7 +202,7 @@ def test_the_competing_load_counts_the_runnable_processes_besides_this_one(monke
 
 
 def test_a_real_calibration_measures_positive_figures(monkeypatch, tmp_path):
-    monkeypatch.setattr(speed, "POINTS", (("tiny", 1), ("tiny", 3), ("small", 1)))
+    monkeypatch.setattr(speed, "POINTS", (("tiny", 1, None), ("tiny", 3, None), ("small", 1, None), ("tiny", 3, 16)))
     monkeypatch.setattr(speed, "STEPS", 7)
     monkeypatch.setattr(speed, "WARMUP", 2)
     monkeypatch.setattr(speed, "CALIBRATION_ROUNDS", 1)
@@ -248,7 +258,7 @@ def test_noise_that_would_make_a_part_negative_leaves_the_others_fitted():
     where the fit before gave up on both for one rate for everything."""
     import numpy as np
 
-    configs = [resolve({"model": m, "layers": n, "batch_size": speed.BATCH}) for m, n in speed.POINTS]
+    configs = [resolve({"model": m, "layers": n, "batch_size": speed.BATCH}) for m, n, _ in speed.POINTS[:4]]
     a = np.array([[1.0, c.size.n_layer, speed.step_flops(c)] for c in configs])
     block_s, rate = 2e-3, 5e10
     b = a @ np.array([0.0, block_s, 1 / rate])
@@ -262,7 +272,7 @@ def _calibration(scale: float, at: float, other: float = 0.0, extras=None) -> sp
     """A calibration of a machine at `scale` x a known one's step times, measured at time `at`."""
     import numpy as np
 
-    points = speed._point_matrix() @ np.array([0.004, 0.0015, 1 / 2e9]) * scale
+    points = speed._point_matrix() @ np.array([0.004, 0.0015, 1e-8, 1 / 2e9]) * scale
     return speed.Speed(0.0, 0.0, 1.0, 0.2 * scale, 1.0 * scale, 1, other, at, speed.machine(), format=speed.FORMAT,
                        points_s=[float(v) for v in points], variant_extra_s=dict(extras or {}), other=other)
 
@@ -274,7 +284,7 @@ def test_an_estimate_prices_steps_by_the_median_of_the_recent_calibrations():
                _calibration(0.8, 3.0, other=1.0)]
     s = speed.pool(history)
     assert s.step_s == pytest.approx(0.004, rel=1e-6) and s.block_s == pytest.approx(0.0015, rel=1e-6)
-    assert s.flops_per_s == pytest.approx(2e9, rel=1e-6)
+    assert s.elem_s == pytest.approx(1e-8, rel=1e-6) and s.flops_per_s == pytest.approx(2e9, rel=1e-6)
     assert s.eval_ratio == pytest.approx(0.2) and s.cell_s == pytest.approx(1.0)
     assert s.other == 1.0 and s.measured_at == 3.0  # the load now: the newest's
     assert s.calibrations == 3 and s.spread == pytest.approx([0.8, 1.5])
