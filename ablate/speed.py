@@ -2,7 +2,7 @@
 (`ablate reproduce --list` and its start line, `ablate grid --dry-run`, the ladder).
 
 A cost model fitted once on another day's load was off by 2x (issue #29: 11.6 min estimated,
-6 min taken). Instead a short calibration trains three small harness runs here, with the
+6 min taken). Instead a short calibration trains five small harness runs here, with the
 harness's own loop (probes, logging, evaluation), at the thread count the cells will use, and
 fits, per training step,
 
