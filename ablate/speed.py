@@ -56,10 +56,10 @@ from pathlib import Path
 CACHE_NAME = "speed.json"
 MAX_AGE_S = 30 * 60
 LOAD_TOLERANCE = 1.0  # runnable processes: one more or fewer than at calibration changes a core's share
-# (model, blocks): depths at tiny width give the per-block cost, a wider one the FLOP rate; tiny x
-# 12 is the claims' own cell, so the fit is anchored where most estimates are made.
-# (model, blocks, width or None: the model's): width 16 at 12 blocks parts a block's fixed cost
-# from what grows with its width (a ladder's narrow rungs).
+# (model, blocks, width or None: the model's): depths at tiny width give the per-block cost, a
+# wider one the FLOP rate, width 16 at 12 blocks parts a block's fixed cost from what grows with
+# its width (a ladder's narrow rungs); tiny x 12 is the claims' own cell, so the fit is anchored
+# where most estimates are made.
 POINTS = (("tiny", 1, None), ("tiny", 6, None), ("tiny", 12, None), ("small", 2, None), ("tiny", 12, 16))
 VARIANT_POINT = ("tiny", 6)  # the size at which a variant's block is timed against the default's
 VARIANT_ROUNDS = 15
@@ -370,9 +370,9 @@ def _fit(a, b) -> tuple[float, ...]:
     """Non-negative least squares of the step times `b` on the columns of `a` (_point_matrix: 1,
     blocks, block elements, FLOPs), each point's error relative to its time (a short step counts
     as much as a long one). No part of a step costs less than nothing: where noise would make one
-    negative it is 0 and the others fit without it. (An exact solve of three points, dropped for one rate for everything when a part
-    came out negative, estimated prenorm-wins at 7.0 min under a load where the calibration a
-    minute before had said 10.1, 2026-12-03.)"""
+    negative it is 0 and the others fit without it. (An exact solve of three points, dropped for
+    one rate for everything when a part came out negative, estimated prenorm-wins at 7.0 min under
+    a load where the calibration a minute before had said 10.1, 2026-12-03.)"""
     import numpy as np
     from scipy.optimize import nnls
 
