@@ -1,5 +1,6 @@
 """The time estimates come from this machine's measured speed (ablate/speed.py): the fit, the
 cache and when it is measured again, and the commands that print them."""
+import dataclasses
 import json
 from pathlib import Path
 
@@ -302,7 +303,7 @@ def test_the_history_keeps_the_last_day_of_this_machine(measured, monkeypatch, t
     clock = {"now": now}
     monkeypatch.setattr(speed.time, "time", lambda: clock["now"])
     old = [_calibration(2.0, now - speed.HISTORY_S - 1),  # over a day old
-           dataclasses_replace(_calibration(2.0, now - 60), machine="another"),
+           dataclasses.replace(_calibration(2.0, now - 60), machine="another"),
            _calibration(1.0, now - 2 * speed.MAX_AGE_S), _calibration(1.2, now - speed.MAX_AGE_S - 1)]
     speed._store(old)
     monkeypatch.setattr(speed, "calibrate", lambda threads=1: _calibration(0.9, clock["now"]))
@@ -316,9 +317,3 @@ def test_the_history_keeps_the_last_day_of_this_machine(measured, monkeypatch, t
         speed.machine_speed(1, quiet=True)
     assert len(json.loads((tmp_path / speed.CACHE_NAME).read_text())["1"]) == speed.HISTORY_MAX
     assert speed.machine_speed(1, quiet=True).calibrations == speed.HISTORY_MAX  # the newest of the last day's
-
-
-def dataclasses_replace(s, **changes):
-    import dataclasses
-
-    return dataclasses.replace(s, **changes)
