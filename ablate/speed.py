@@ -228,10 +228,9 @@ def _timed_run(model: str, blocks: int, threads: int, out: Path, variant: str | 
     from ablate.rundir import METRICS
     from ablate.train import train
 
-    options = {"model": model, "layers": blocks, "steps": STEPS, "batch_size": BATCH, "schedule": "constant",
+    options = {**_size_options(model, blocks, width), "steps": STEPS, "schedule": "constant",
                "eval_every": STEPS, "eval_batches": 1, "final_eval_batches": EVAL_BATCHES,
-               "checkpoint_every": STEPS, "threads": threads, **_variant_option(variant),
-               **({"width": width} if width else {})}
+               "checkpoint_every": STEPS, "threads": threads, **_variant_option(variant)}
     cell = Cell.from_options(options)
     run_dir = out / f"{model}x{blocks}{f'w{width}' if width else ''}{'-' + variant if variant else ''}"
     c0, t0 = time.process_time(), time.perf_counter()
@@ -335,8 +334,7 @@ def _point_matrix():
 
     from ablate.config import resolve
 
-    configs = [resolve({"model": model, "layers": blocks, "batch_size": BATCH, **({"width": width} if width else {})})
-               for model, blocks, width in POINTS]
+    configs = [resolve(_size_options(*point)) for point in POINTS]
     return np.array([[1.0, cfg.size.n_layer, block_elements(cfg), step_flops(cfg)] for cfg in configs])
 
 
@@ -361,7 +359,7 @@ def pool(history: list[Speed]) -> Speed:
     return dataclasses.replace(
         newest, step_s=step_s, block_s=block_s, elem_s=elem_s, flops_per_s=1.0 / max(per_flop, 1e-15),
         eval_ratio=float(np.median([s.eval_ratio for s in full])), cell_s=float(np.median([s.cell_s for s in full])),
-        variant_extra_s=extras, variant_block_s={v: max(0.0, block_s + e) for v, e in extras.items()},
+        variant_extra_s=extras, variant_block_s=_variant_blocks(block_s, extras),
         points_s=[float(v) for v in points], calibrations=len(full),
         spread=[float(min(claim)), float(max(claim))])
 
@@ -427,9 +425,18 @@ def _variant_option(variant: str | None) -> dict:
     return {"variant": variant} if variant else {}
 
 
+def _size_options(model: str, blocks: int, width: int | None = None) -> dict:
+    """The options of a calibration point's model at the calibration's batch (width None: the model's)."""
+    return {"model": model, "layers": blocks, "batch_size": BATCH, **({"width": width} if width else {})}
+
+
 def _point_options(variant: str | None) -> dict:
-    model, blocks = VARIANT_POINT
-    return {"model": model, "layers": blocks, "batch_size": BATCH, **_variant_option(variant)}
+    return {**_size_options(*VARIANT_POINT), **_variant_option(variant)}
+
+
+def _variant_blocks(block_s: float, extras: dict[str, float]) -> dict[str, float]:
+    """Each variant's BLOCK: the default's plus its block's difference, never below nothing."""
+    return {v: max(0.0, block_s + extra) for v, extra in extras.items()}
 
 
 def calibrate_variants(speed: Speed, variants) -> bool:
@@ -450,9 +457,8 @@ def calibrate_variants(speed: Speed, variants) -> bool:
     blocks, base_flops = VARIANT_POINT[1], step_flops(resolve(_point_options(None)))
     for variant in missing:
         flops = step_flops(resolve(_point_options(variant))) - base_flops  # all blocks': a step's
-        extra = seconds[variant] - seconds[None] - flops / blocks / speed.flops_per_s
-        speed.variant_extra_s[variant] = extra
-        speed.variant_block_s[variant] = max(0.0, speed.block_s + extra)
+        speed.variant_extra_s[variant] = seconds[variant] - seconds[None] - flops / blocks / speed.flops_per_s
+    speed.variant_block_s = _variant_blocks(speed.block_s, speed.variant_extra_s)
     return True
 
 
@@ -486,6 +492,10 @@ def _fresh(speed: Speed) -> bool:
 
 
 def _store(history: list[Speed]) -> None:
+    """Write `history` as the cache's entry for its thread count, the others kept, atomically
+    (write_json_atomic: a link at the file's name is replaced, never followed)."""
+    from ablate.rundir import write_json_atomic
+
     path = _cache_path()
     try:
         entries = json.loads(path.read_text()) if path.exists() else {}
@@ -495,11 +505,9 @@ def _store(history: list[Speed]) -> None:
     entries[str(history[-1].threads)] = [asdict(s) for s in history[-HISTORY_MAX:]]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(entries, indent=1))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # an unwritable cache: measured again next time, nothing lost
+        write_json_atomic(path, entries)
+    except (OSError, ValueError):
+        pass  # an unwritable cache (or a figure JSON cannot hold): measured again next time, nothing lost
 
 
 # ABLATE_SPEED=reference: estimates from the fixed yardstick (`reference`), never measured. For

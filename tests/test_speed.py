@@ -317,3 +317,13 @@ def test_the_history_keeps_the_last_day_of_this_machine(measured, monkeypatch, t
         speed.machine_speed(1, quiet=True)
     assert len(json.loads((tmp_path / speed.CACHE_NAME).read_text())["1"]) == speed.HISTORY_MAX
     assert speed.machine_speed(1, quiet=True).calibrations == speed.HISTORY_MAX  # the newest of the last day's
+
+
+def test_the_cache_is_written_without_following_a_link(measured, tmp_path):
+    """A link planted at speed.json's name is replaced by the cache; its target is left alone."""
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("not the cache's")
+    (tmp_path / speed.CACHE_NAME).symlink_to(target)
+    speed.machine_speed(1, quiet=True)
+    assert target.read_text() == "not the cache's" and not (tmp_path / speed.CACHE_NAME).is_symlink()
+    assert json.loads((tmp_path / speed.CACHE_NAME).read_text())["1"][-1]["threads"] == 1
