@@ -212,7 +212,7 @@ def test_the_forms_bench_prints_every_form_and_torchs_gelus(capsys):
 
     rows = cpu_gelu_bench.bench((4, 8), rounds=2, calls=2)
     names = {name for name, _, _ in rows}
-    assert names == set(FUSED) | {"torch erf", "torch tanh"}
+    assert names == set(FUSED) | {"torch erf", "torch tanh"} | ({"poly + bias"} if "poly-bias" in FUSED else set())
     assert all(len(values) == 2 and min(values) > 0 for _, _, values in rows)
     assert cpu_gelu_bench.main(["3", "5"]) == 0
     out = capsys.readouterr().out
@@ -254,3 +254,131 @@ def test_polys_bits_are_those_it_first_computed(copy, flush, threads):
     finally:
         torch.set_flush_denormal(False)
     assert _digest(y, dx) == POLY_BITS[flush]
+
+
+# ---- poly-bias: the dense MLP's c_fc bias added in the GELU's pass -----------------------------
+
+BIAS = [f for f in cpu_gelu.available() if f in cpu_gelu.BIAS_FORMS]
+needs_bias_form = pytest.mark.skipif(not BIAS, reason=f"no bias form here: {cpu_gelu.library()[1]}")
+
+
+def _linear_case(shape, cols, seed=0):
+    torch.manual_seed(seed)
+    x = torch.randn(shape)
+    return x, torch.randn(cols, shape[-1]) * shape[-1] ** -0.5 * 2, torch.randn(cols), torch.randn(*shape[:-1], cols)
+
+
+@needs_bias_form
+@pytest.mark.parametrize("shape,cols", [((16, 64, 64), 256),  # tiny's MLP
+                                        ((3, 5, 7), 37),  # rows in a partial block, a partial vector
+                                        ((2000, 9), 21),  # more rows than 64 blocks of 16
+                                        ((1, 8), 3)])
+def test_linear_gelu_matches_the_float64_reference(shape, cols):
+    """Values and all three gradients, through the kernel interface."""
+    x, w, b, dy = _linear_case(shape, cols)
+    ref64 = [t.double().requires_grad_() for t in (x, w, b)]
+    ref = F.gelu(F.linear(*ref64), approximate="tanh")
+    ref.backward(dy.double())
+    ours = [t.clone().requires_grad_() for t in (x, w, b)]
+    with cpu_gelu.using(BIAS[0]):
+        assert cpu_gelu.handles_linear(*ours)
+        y = ReferenceBackend().linear_activation("gelu", *ours)
+    y.backward(dy)
+    torch.testing.assert_close(y.double(), ref.detach(), atol=2e-6, rtol=2e-6)
+    for got, want in zip(ours, ref64):
+        torch.testing.assert_close(got.grad.double(), want.grad, atol=1e-4, rtol=1e-5)
+
+
+@needs_bias_form
+def test_linear_gelus_bits_do_not_depend_on_the_thread_count(threads):
+    x, w, b, dy = _linear_case((300, 16), 40, seed=2)  # 19 blocks of rows, a partial vector
+    out = []
+    for n in (1, 2):
+        threads(n)
+        ours = [t.clone().requires_grad_() for t in (x, w, b)]
+        with cpu_gelu.using(BIAS[0]):
+            y = cpu_gelu.linear_gelu(*ours)
+        y.backward(dy)
+        out.append([y.detach(), *(t.grad for t in ours)])
+    assert all(torch.equal(a, c) for a, c in zip(*out))
+
+
+def test_other_forms_and_other_inputs_take_the_linear_then_the_activation(monkeypatch):
+    """Where the bias form is not in use (a run on `poly`, the passes), or the input is not
+    float32 on the CPU, or under autocast, linear_activation is F.linear then activation: the bits
+    of every run made before the bias form."""
+    x, w, b, _ = _linear_case((4, 6, 8), 32)
+    backend = ReferenceBackend()
+    for form in [f for f in cpu_gelu.available() if f not in cpu_gelu.BIAS_FORMS]:
+        with cpu_gelu.using(form):
+            assert not cpu_gelu.handles_linear(x, w, b)
+            assert torch.equal(backend.linear_activation("gelu", x, w, b), backend.activation("gelu", F.linear(x, w, b)))
+    with cpu_gelu.using(cpu_gelu.BIAS_FORMS[0]):
+        assert not cpu_gelu.handles_linear(x.double(), w.double(), b.double())
+        assert not cpu_gelu.handles_linear(x, w, None)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert not cpu_gelu.handles_linear(x, w, b)
+    assert torch.equal(backend.linear_activation("relu", x, w, b), torch.relu(F.linear(x, w, b)))
+
+
+BIAS_COPIES = [c for c in cpu_gelu.FORMS["poly-bias"] if cpu_has(*c.needs)]
+
+
+def _bias_bits(copy, rows=100, cols=37):
+    """poly-bias's forward, gradient and bias gradient on fixed inputs (exact in float32)."""
+    i = torch.arange(rows * cols)
+    h = ((i % 977 - 488) / 40.0).float().view(rows, cols)
+    b = ((torch.arange(cols) % 13 - 6) / 8.0).float()
+    dy = (((i * 7) % 101 - 50) / 16.0).float().view(rows, cols)
+    rpb = cpu_gelu._rows_per_block(rows)
+    y, dz, db, partial = torch.empty_like(h), torch.empty_like(h), torch.empty(cols), torch.empty(-(-rows // rpb), cols)
+    cpu_gelu.KERNEL.function("gelu_bias_fwd", copy)(h.data_ptr(), b.data_ptr(), y.data_ptr(), rows, cols, rpb, 2)
+    cpu_gelu.KERNEL.function("gelu_bias_bwd", copy)(h.data_ptr(), b.data_ptr(), dy.data_ptr(), dz.data_ptr(),
+                                                    partial.data_ptr(), db.data_ptr(), rows, cols, rpb, 2)
+    return y, dz, db
+
+
+# sha256 of poly-bias's outputs on _bias_bits's inputs, as its first build computed them
+# (2026-12-03): a form is its bits, so a faster rewrite of the kernel must still give these.
+POLY_BIAS_BITS = "8f3c69c0cb7d647f"
+
+
+@pytest.mark.skipif(not BIAS_COPIES or cpu_gelu.library()[0] is None, reason="no poly-bias copy here")
+@pytest.mark.parametrize("copy", BIAS_COPIES, ids=lambda c: c.isa)
+def test_poly_bias_bits_are_those_it_first_computed_on_every_copy(copy):
+    assert _digest(*_bias_bits(copy)) == POLY_BIAS_BITS
+
+
+@pytest.mark.skipif("poly" not in cpu_gelu.available() or not BIAS, reason="needs poly and poly-bias here")
+def test_a_run_started_on_poly_resumes_on_it_and_a_new_one_takes_the_bias_form(tmp_path, monkeypatch):
+    """Runs made while `poly` was the best form keep it, bit for bit: poly-bias is for new runs."""
+    import ablate.train
+
+    monkeypatch.setattr(cpu_gelu.KERNEL, "best", lambda: "poly")  # a new run as before poly-bias
+    assert main([*ARGS, "--out", str(tmp_path / "ref")]) == 0
+    with monkeypatch.context() as m:
+        m.setattr(ablate.train, "lr_at", _stop_after(2, ablate.train.lr_at, m))
+        assert main([*ARGS, "--out", str(tmp_path / "cut")]) == 130
+    monkeypatch.undo()
+    assert cpu_gelu.KERNEL.best() == BIAS[0]
+    assert main([*ARGS, "--out", str(tmp_path / "cut")]) == 0
+    (config,) = (tmp_path / "cut").glob("*/config.json")
+    assert json.loads(config.read_text())["gelu_cpu"] == "poly"
+    assert rows(config.parent) == rows(next((tmp_path / "ref").iterdir()))
+    assert main([*ARGS, "--out", str(tmp_path / "new")]) == 0
+    (new,) = (tmp_path / "new").glob("*/config.json")
+    assert json.loads(new.read_text())["gelu_cpu"] == BIAS[0]
+
+
+@pytest.mark.skipif(cpu_gelu.library()[0] is None, reason="no C kernel builds here")
+def test_a_kernel_whose_sources_define_no_copy_of_a_symbol_is_not_built():
+    """Sources may each define some symbols (gelu_tanh.c has no bias functions), but a symbol no
+    copy defines is a mistake, refused at build rather than met at a training step."""
+    from ablate.kernels.cpu_build import CpuKernel
+
+    kernel = CpuKernel("gelu_tanh", cpu_gelu.FORMS, cpu_gelu.PASSES, {**cpu_gelu.SIGNATURES, "gelu_nowhere": ()},
+                       headers=cpu_gelu.KERNEL.headers)
+    lib, why = kernel.library()
+    assert lib is None and "gelu_nowhere" in why
+    assert kernel.available() == [cpu_gelu.PASSES]
+    assert len(kernel.copies) == len({c.isa for c in kernel.copies})  # poly-bias and poly share their copies

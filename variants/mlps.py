@@ -30,7 +30,9 @@ class DenseMLP(nn.Module):
         self.c_proj = nn.Linear(dense_hidden, d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(self.ops.activation(self.act, self.c_fc(x)))
+        # Through the backend with c_fc's weights, not c_fc(x): its CPU path adds the bias in the
+        # activation's pass (ablate/kernels/cpu_gelu.py, form poly-bias).
+        return self.c_proj(self.ops.linear_activation(self.act, x, self.c_fc.weight, self.c_fc.bias))
 
 
 class GatedMLP(nn.Module):

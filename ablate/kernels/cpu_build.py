@@ -63,14 +63,14 @@ def cpu_has(*flags: str) -> bool:
 
 class CpuKernel:
     """An op's C kernel: `forms` maps a form to its copies, fastest first (best form first);
-    `fallback` names the torch-ops form; `symbols` maps the functions each copy defines, named
-    `{symbol}_{copy.isa}`, to their ctypes argument types; `headers` the sources' includes
+    `fallback` names the torch-ops form; `symbols` maps the functions the copies define, named
+    `{symbol}_{copy.isa}`, to their ctypes argument types (each defined by at least one source); `headers` the sources' includes
     (part of the build's hash)."""
 
     def __init__(self, name: str, forms: dict[str, tuple[Copy, ...]], fallback: str, symbols: dict[str, tuple],
                  headers: tuple[str, ...] = ()):
         self.name, self.forms, self.fallback, self.symbols, self.headers = name, forms, fallback, symbols, headers
-        self.copies = [c for copies in forms.values() for c in copies]
+        self.copies = list({c.isa: c for copies in forms.values() for c in copies}.values())  # forms may share copies
         self._lib: list = []  # [(ctypes library, why not)], built or found once per process
         self._form: str | None = None  # the form in use for the current run (None: the best available)
         self._copy: Copy | None = None  # a copy pinned by `pinned` (None: the form's fastest here)
@@ -118,8 +118,12 @@ class CpuKernel:
                     lib = ctypes.CDLL(str(self._build(cc)))
                     for copy in self.copies:
                         for symbol, argtypes in self.symbols.items():
-                            function = getattr(lib, f"{symbol}_{copy.isa}")
-                            function.restype, function.argtypes = None, argtypes
+                            function = getattr(lib, f"{symbol}_{copy.isa}", None)  # None: not in this source
+                            if function is not None:
+                                function.restype, function.argtypes = None, argtypes
+                    undefined = [s for s in self.symbols if not any(hasattr(lib, f"{s}_{c.isa}") for c in self.copies)]
+                    if undefined:
+                        raise OSError(f"no copy defines {', '.join(undefined)}")
                     self._lib.append((lib, None))
                 except (OSError, subprocess.SubprocessError) as e:
                     detail = (getattr(e, "stderr", b"") or b"").decode(errors="replace")[:200] or e

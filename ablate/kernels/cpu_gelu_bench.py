@@ -5,6 +5,9 @@
 
 Every form this machine computes (ablate/kernels/cpu_gelu.py) and torch's erf GELU (nanoGPT's)
 and tanh GELU, forward and backward, at one thread, taking turns (ablate/kernels/cpu_bench.py).
+`poly-bias` is timed on what it computes, gelu(h + b) with a bias over the last dimension and,
+backward, the bias's gradient too; "poly + bias" is the same work unfused, torch's bias add
+before `poly` and its column sum after (on the CPU, addmm's bias costs about that add).
 """
 from __future__ import annotations
 
@@ -30,13 +33,42 @@ def _implementations(x: torch.Tensor, dy: torch.Tensor) -> dict[str, tuple]:
 
         return fwd, bwd
 
+    def with_bias(fused):
+        """gelu(x + b) and its backward with the bias's gradient: one kernel, or poly and torch."""
+        rows, cols = x.numel() // x.shape[-1], x.shape[-1]
+        b = torch.randn(cols)
+        rpb = cpu_gelu._rows_per_block(rows)
+        partial, db = torch.empty(-(-rows // rpb), cols), torch.empty(cols)
+
+        def fwd():
+            with cpu_gelu.using("poly-bias" if fused else "poly"):
+                if not fused:
+                    return cpu_gelu.gelu(x + b)
+                y = torch.empty_like(x)
+                cpu_gelu.KERNEL.function("gelu_bias_fwd")(x.data_ptr(), b.data_ptr(), y.data_ptr(), rows, cols, rpb, 1)
+                return y
+
+        def bwd():
+            dx = torch.empty_like(x)
+            with cpu_gelu.using("poly-bias" if fused else "poly"):
+                if fused:
+                    return cpu_gelu.KERNEL.function("gelu_bias_bwd")(x.data_ptr(), b.data_ptr(), dy.data_ptr(), dx.data_ptr(),
+                                                                     partial.data_ptr(), db.data_ptr(), rows, cols, rpb, 1)
+                cpu_gelu._call("bwd", x + b, dy, dx)
+                return dx.view(rows, cols).sum(0)
+
+        return fwd, bwd
+
     def torch_gelu(approximate):
         def bwd():
             torch.ops.aten.gelu_backward(dy, x, approximate=approximate)
 
         return (lambda: F.gelu(x, approximate=approximate)), bwd
 
-    impls = {f: form(f) for f in cpu_gelu.available() if f != cpu_gelu.PASSES}
+    forms = [f for f in cpu_gelu.available() if f != cpu_gelu.PASSES]
+    impls = {f: with_bias(True) if f in cpu_gelu.BIAS_FORMS else form(f) for f in forms}
+    if "poly" in forms and set(forms) & set(cpu_gelu.BIAS_FORMS):
+        impls["poly + bias"] = with_bias(False)
     impls["torch erf"], impls["torch tanh"] = torch_gelu("none"), torch_gelu("tanh")
     return impls
 

@@ -28,6 +28,7 @@ from types import SimpleNamespace
 from typing import Optional, Protocol
 
 import torch
+import torch.nn.functional as F
 
 from ablate.kernels.reference import ReferenceBackend
 
@@ -371,6 +372,10 @@ class KernelBackend:
         if name not in ACT_IDS or not self._ok(x):
             return self.ref.activation(name, x)
         return self.ops.act(x, name)
+
+    def linear_activation(self, name: str, x: torch.Tensor, weight: torch.Tensor,
+                          bias: torch.Tensor | None) -> torch.Tensor:
+        return self.activation(name, F.linear(x, weight, bias))  # torch's matmul, then the kernel
 
     def gated(self, gate_act: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         if (gate_act not in ACT_IDS or gate.shape != up.shape or gate.dtype != up.dtype

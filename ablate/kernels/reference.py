@@ -17,6 +17,13 @@ class ReferenceBackend:
             return cpu_gelu.gelu(x)
         return ACTIVATIONS.get(name)(x)
 
+    def linear_activation(self, name: str, x: torch.Tensor, weight: torch.Tensor,
+                          bias: torch.Tensor | None) -> torch.Tensor:
+        """act(x W^T + b): a dense MLP's first layer and its activation."""
+        if name == "gelu" and cpu_gelu.handles_linear(x, weight, bias):  # the bias in the GELU's pass
+            return cpu_gelu.linear_gelu(x, weight, bias)
+        return self.activation(name, F.linear(x, weight, bias))
+
     def gated(self, gate_act: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return self.activation(gate_act, gate) * up
 

@@ -93,3 +93,101 @@ void CAT(gelu_tanh_fwd_, ISA)(const float *x, float *y, int64_t n, int threads) 
 void CAT(gelu_tanh_bwd_, ISA)(const float *x, const float *dy, float *dx, int64_t n, int threads) {
     run_blocks(x, dy, dx, n, threads);
 }
+
+/* The dense MLP's first layer with its bias (the form `poly-bias`, ablate/kernels/cpu_gelu.py):
+ * torch computes h = x W^T without the bias, and these add it as they read h, forward
+ * y[r][c] = gelu(h[r][c] + b[c]) and backward dz[r][c] = gelu'(h[r][c] + b[c]) dy[r][c], with the
+ * bias's gradient db[c] = sum over r of dz[r][c] in the same pass. So neither torch's addmm
+ * (which first copies the bias into every row of its output) nor a separate column sum is paid.
+ *
+ * Bits: h + b is one IEEE add, then the same operations as gelu() and gelu_grad() above. Rows are
+ * cut into fixed blocks of `rpb` rows from row 0 (the caller picks rpb from the shape alone);
+ * a block adds its rows' dz in row order into its own row of `partial`, and db adds the blocks'
+ * rows in block order, element by element, so neither the thread count nor the vector width
+ * changes a bit. A row's last cols % VW elements go through the same code, padded. */
+
+/* A row's last n < VW elements, padded: dy NULL, out = gelu(h + b); otherwise out = dz and
+ * acc += dz. */
+static void bias_tail(const float *h, const float *b, const float *dy, float *out, float *acc, int64_t n) {
+    float hs[VW] = {0}, bs[VW] = {0}, dys[VW] = {0}, accs[VW] = {0}, outs[VW];
+    memcpy(hs, h, n * sizeof(float));
+    memcpy(bs, b, n * sizeof(float));
+    vf z = v_add(v_load(hs), v_load(bs));
+    if (!dy) {
+        v_store(outs, gelu(z));
+    } else {
+        memcpy(dys, dy, n * sizeof(float));
+        memcpy(accs, acc, n * sizeof(float));
+        vf d = gelu_grad(z, v_load(dys));
+        v_store(outs, d);
+        v_store(accs, v_add(v_load(accs), d));
+        memcpy(acc, accs, n * sizeof(float));
+    }
+    memcpy(out, outs, n * sizeof(float));
+}
+
+static inline void bias_fwd_row(const float *h, const float *b, float *y, int64_t cols) {
+    int64_t c = 0;
+    for (; c + VW <= cols; c += VW)
+        v_store(y + c, gelu(v_add(v_load(h + c), v_load(b + c))));
+    if (c < cols)
+        bias_tail(h + c, b + c, NULL, y + c, NULL, cols - c);
+}
+
+static inline void bias_bwd_row(const float *h, const float *b, const float *dy, float *dz, float *acc,
+                                int64_t cols) {
+    int64_t c = 0;
+    for (; c + VW <= cols; c += VW) {
+        vf d = gelu_grad(v_add(v_load(h + c), v_load(b + c)), v_load(dy + c));
+        v_store(dz + c, d);
+        v_store(acc + c, v_add(v_load(acc + c), d));
+    }
+    if (c < cols)
+        bias_tail(h + c, b + c, dy + c, dz + c, acc + c, cols - c);
+}
+
+/* Every block of rows, in parallel; with dy, each block's dz summed into its row of partial. */
+static void bias_blocks(const float *h, const float *b, const float *dy, float *out, float *partial,
+                        int64_t rows, int64_t cols, int64_t rpb, int threads) {
+    int64_t blocks = (rows + rpb - 1) / rpb;
+    unsigned int mode = _mm_getcsr();
+#pragma omp parallel num_threads(threads)
+    {
+        unsigned int own = take_mode(mode);
+#pragma omp for schedule(static)
+        for (int64_t k = 0; k < blocks; k++) {
+            float *acc = dy ? partial + k * cols : NULL;
+            if (acc)
+                memset(acc, 0, cols * sizeof(float));
+            int64_t end = (k + 1) * rpb < rows ? (k + 1) * rpb : rows;
+            if (dy)
+                for (int64_t r = k * rpb; r < end; r++)
+                    bias_bwd_row(h + r * cols, b, dy + r * cols, out + r * cols, acc, cols);
+            else
+                for (int64_t r = k * rpb; r < end; r++)
+                    bias_fwd_row(h + r * cols, b, out + r * cols, cols);
+        }
+        _mm_setcsr(own);
+    }
+}
+
+void CAT(gelu_bias_fwd_, ISA)(const float *h, const float *b, float *y, int64_t rows, int64_t cols, int64_t rpb,
+                              int threads) {
+    bias_blocks(h, b, NULL, y, NULL, rows, cols, rpb, threads);
+}
+
+/* partial: (rows + rpb - 1) / rpb rows of cols floats, scratch. */
+void CAT(gelu_bias_bwd_, ISA)(const float *h, const float *b, const float *dy, float *dz, float *partial, float *db,
+                              int64_t rows, int64_t cols, int64_t rpb, int threads) {
+    bias_blocks(h, b, dy, dz, partial, rows, cols, rpb, threads);
+    int64_t blocks = (rows + rpb - 1) / rpb;
+    memset(db, 0, cols * sizeof(float));
+    for (int64_t k = 0; k < blocks; k++) {
+        const float *p = partial + k * cols;
+        int64_t c = 0;
+        for (; c + VW <= cols; c += VW)
+            v_store(db + c, v_add(v_load(db + c), v_load(p + c)));
+        for (; c < cols; c++)
+            db[c] = db[c] + p[c];
+    }
+}
