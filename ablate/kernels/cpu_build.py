@@ -64,8 +64,8 @@ def cpu_has(*flags: str) -> bool:
 class CpuKernel:
     """An op's C kernel: `forms` maps a form to its copies, fastest first (best form first);
     `fallback` names the torch-ops form; `symbols` maps the functions the copies define, named
-    `{symbol}_{copy.isa}`, to their ctypes argument types (each defined by at least one source); `headers` the sources' includes
-    (part of the build's hash)."""
+    `{symbol}_{copy.isa}`, to their ctypes argument types (a source may leave some out, but each
+    is defined by at least one); `headers` the sources' includes (part of the build's hash)."""
 
     def __init__(self, name: str, forms: dict[str, tuple[Copy, ...]], fallback: str, symbols: dict[str, tuple],
                  headers: tuple[str, ...] = ()):
