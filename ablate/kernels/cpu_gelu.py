@@ -97,6 +97,26 @@ def _rows_per_block(rows: int) -> int:
     return max(ROWS_PER_BLOCK, -(-rows // BLOCKS))
 
 
+def _bias_fwd(h: torch.Tensor, bias: torch.Tensor, y: torch.Tensor, copy: Copy | None = None) -> None:
+    """y = gelu(h + bias), h and y contiguous (..., cols), bias (cols,)."""
+    cols = h.shape[-1]
+    rows = h.numel() // cols
+    KERNEL.function("gelu_bias_fwd", copy)(h.data_ptr(), bias.data_ptr(), y.data_ptr(), rows, cols,
+                                           _rows_per_block(rows), torch.get_num_threads())
+
+
+def _bias_bwd(h: torch.Tensor, bias: torch.Tensor, dy: torch.Tensor, dz: torch.Tensor, db: torch.Tensor,
+              copy: Copy | None = None) -> None:
+    """dz = gelu'(h + bias) dy and db = dz summed over the rows, all contiguous."""
+    cols = h.shape[-1]
+    rows = h.numel() // cols
+    rpb = _rows_per_block(rows)
+    partial = torch.empty(-(-rows // rpb), cols)  # each block's sum, added in block order
+    KERNEL.function("gelu_bias_bwd", copy)(h.data_ptr(), bias.data_ptr(), dy.data_ptr(), dz.data_ptr(),
+                                           partial.data_ptr(), db.data_ptr(), rows, cols, rpb,
+                                           torch.get_num_threads())
+
+
 class _GeluTanhBias(torch.autograd.Function):
     """gelu(h + b) for h (..., cols) and b (cols,): the bias and the activation in one pass, the
     bias's gradient in the backward's. Saves h, as the unfused path saves h + b."""
@@ -105,27 +125,17 @@ class _GeluTanhBias(torch.autograd.Function):
     def forward(ctx, h: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         h, bias = h.contiguous(), bias.contiguous()
         y = torch.empty_like(h)
-        cols = h.shape[-1]
-        rows = h.numel() // cols if cols else 0
         if h.numel():
-            KERNEL.function("gelu_bias_fwd")(h.data_ptr(), bias.data_ptr(), y.data_ptr(), rows, cols,
-                                             _rows_per_block(rows), torch.get_num_threads())
+            _bias_fwd(h, bias, y)
         ctx.save_for_backward(h, bias)
         return y
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         h, bias = ctx.saved_tensors
-        dy = dy.contiguous()
-        cols = h.shape[-1]
-        rows = h.numel() // cols if cols else 0
         dz, db = torch.empty_like(h), torch.zeros_like(bias)
         if h.numel():
-            rpb = _rows_per_block(rows)
-            partial = torch.empty(-(-rows // rpb), cols)
-            KERNEL.function("gelu_bias_bwd")(h.data_ptr(), bias.data_ptr(), dy.data_ptr(), dz.data_ptr(),
-                                             partial.data_ptr(), db.data_ptr(), rows, cols, rpb,
-                                             torch.get_num_threads())
+            _bias_bwd(h, bias, dy.contiguous(), dz, db)
         return dz, db
 
 

@@ -35,27 +35,23 @@ def _implementations(x: torch.Tensor, dy: torch.Tensor) -> dict[str, tuple]:
 
     def with_bias(fused):
         """gelu(x + b) and its backward with the bias's gradient: one kernel, or poly and torch."""
-        rows, cols = x.numel() // x.shape[-1], x.shape[-1]
-        b = torch.randn(cols)
-        rpb = cpu_gelu._rows_per_block(rows)
-        partial, db = torch.empty(-(-rows // rpb), cols), torch.empty(cols)
+        b, db = torch.randn(x.shape[-1]), torch.empty(x.shape[-1])
 
         def fwd():
             with cpu_gelu.using("poly-bias" if fused else "poly"):
                 if not fused:
                     return cpu_gelu.gelu(x + b)
                 y = torch.empty_like(x)
-                cpu_gelu.KERNEL.function("gelu_bias_fwd")(x.data_ptr(), b.data_ptr(), y.data_ptr(), rows, cols, rpb, 1)
+                cpu_gelu._bias_fwd(x, b, y)
                 return y
 
         def bwd():
             dx = torch.empty_like(x)
             with cpu_gelu.using("poly-bias" if fused else "poly"):
                 if fused:
-                    return cpu_gelu.KERNEL.function("gelu_bias_bwd")(x.data_ptr(), b.data_ptr(), dy.data_ptr(), dx.data_ptr(),
-                                                                     partial.data_ptr(), db.data_ptr(), rows, cols, rpb, 1)
+                    return cpu_gelu._bias_bwd(x, b, dy, dx, db)
                 cpu_gelu._call("bwd", x + b, dy, dx)
-                return dx.view(rows, cols).sum(0)
+                return dx.view(-1, x.shape[-1]).sum(0)
 
         return fwd, bwd
 
