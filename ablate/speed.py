@@ -93,8 +93,9 @@ class Speed:
     spread: list[float] = field(default_factory=lambda: [1.0, 1.0])
     elem_s: float = 0.0  # per block per token per channel of width: the small ops' part that grows with them
 
-    def step_seconds(self, flops: float, blocks: int, variant: str | None = None, elements: float = 0.0) -> float:
-        """A step's seconds: `elements` are its blocks' activations, blocks x tokens x width."""
+    def step_seconds(self, flops: float, blocks: int, variant: str | None, elements: float) -> float:
+        """A step's seconds: `elements` are its blocks' activations, blocks x tokens x width
+        (block_elements; required, so that no caller prices a step without its ELEM part)."""
         return (self.step_s + self.variant_block_s.get(variant, self.block_s) * blocks + self.elem_s * elements
                 + flops / self.flops_per_s)
 
