@@ -21,7 +21,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -68,6 +68,28 @@ static void pack_rows(const float *restrict src, int64_t st, int64_t T, int64_t 
     }
 }
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+/* dst[d * Tp + t] = src[t * st + d] for an 8 x 8 block: eight rows in, eight columns out, by
+ * shuffles (the scalar loop's strided stores were a tenth of the forward's time with AVX2). */
+static inline void transpose8(const float *src, int64_t st, float *dst, int64_t Tp) {
+    __m256 r[8], u[8], w[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + i * st);
+    for (int i = 0; i < 8; i += 2) {
+        u[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);     /* rows i, i+1 interleaved, low pairs */
+        u[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4)
+        for (int j = 0; j < 2; j++) {
+            w[i + 2 * j] = _mm256_shuffle_ps(u[i + j], u[i + j + 2], _MM_SHUFFLE(1, 0, 1, 0));
+            w[i + 2 * j + 1] = _mm256_shuffle_ps(u[i + j], u[i + j + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        }
+    for (int i = 0; i < 4; i++) { /* w[i] holds columns i (low half) and i + 4 of rows 0-3 */
+        _mm256_storeu_ps(dst + i * Tp, _mm256_permute2f128_ps(w[i], w[i + 4], 0x20));
+        _mm256_storeu_ps(dst + (i + 4) * Tp, _mm256_permute2f128_ps(w[i], w[i + 4], 0x31));
+    }
+}
+#endif
+
 /* The same, transposed: dst[d * Tp + t]. A transpose only moves data, so the AVX-512 copy may
  * gather a column of LANES rows at a time. */
 static void pack_cols(const float *restrict src, int64_t st, int64_t T, int64_t D, int64_t Tp, int64_t Dp,
@@ -85,8 +107,14 @@ static void pack_cols(const float *restrict src, int64_t st, int64_t T, int64_t 
         }
     }
 #else
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t d = 0; d < D; d++) dst[d * Tp + t] = src[t * st + d];
+    int64_t T8 = 0, D8 = 0;
+#ifdef __AVX2__
+    T8 = T / 8 * 8, D8 = D / 8 * 8;
+    for (int64_t t0 = 0; t0 < T8; t0 += 8)
+        for (int64_t d0 = 0; d0 < D8; d0 += 8) transpose8(src + t0 * st + d0, st, dst + d0 * Tp + t0, Tp);
+#endif
+    for (int64_t t = 0; t < T; t++) /* what the 8 x 8 blocks left: the last columns, then the last rows */
+        for (int64_t d = t < T8 ? D8 : 0; d < D; d++) dst[d * Tp + t] = src[t * st + d];
     for (int64_t d = 0; d < Dp; d++)
         for (int64_t t = d < D ? T : 0; t < Tp; t++) dst[d * Tp + t] = 0.0f;
 #endif
