@@ -83,7 +83,7 @@ static inline void transpose8(const float *src, int64_t st, float *dst, int64_t 
             w[i + 2 * j] = _mm256_shuffle_ps(u[i + j], u[i + j + 2], _MM_SHUFFLE(1, 0, 1, 0));
             w[i + 2 * j + 1] = _mm256_shuffle_ps(u[i + j], u[i + j + 2], _MM_SHUFFLE(3, 2, 3, 2));
         }
-    for (int i = 0; i < 4; i++) { /* w[i] holds columns i (low half) and i + 4 of rows 0-3 */
+    for (int i = 0; i < 4; i++) { /* w[i]: columns i (low half) and i + 4 of rows 0-3; w[i + 4]: of rows 4-7 */
         _mm256_storeu_ps(dst + i * Tp, _mm256_permute2f128_ps(w[i], w[i + 4], 0x20));
         _mm256_storeu_ps(dst + (i + 4) * Tp, _mm256_permute2f128_ps(w[i], w[i + 4], 0x31));
     }
@@ -109,7 +109,8 @@ static void pack_cols(const float *restrict src, int64_t st, int64_t T, int64_t 
 #else
     int64_t T8 = 0, D8 = 0;
 #ifdef __AVX2__
-    T8 = T / 8 * 8, D8 = D / 8 * 8;
+    T8 = T / 8 * 8;
+    D8 = D / 8 * 8;
     for (int64_t t0 = 0; t0 < T8; t0 += 8)
         for (int64_t d0 = 0; d0 < D8; d0 += 8) transpose8(src + t0 * st + d0, st, dst + d0 * Tp + t0, Tp);
 #endif
