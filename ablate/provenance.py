@@ -30,3 +30,48 @@ def git_commit() -> str | None:
 def versions() -> dict[str, str]:
     return {"ablate": ablate.__version__, "python": platform.python_version(),
             "torch": torch.__version__, "numpy": np.__version__}
+
+
+@lru_cache(maxsize=1)
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> dict[str, str]:
+    """The CPU a run computes on. torch's CPU ops choose their code by the CPU's instruction set
+    (`torch.backends.cpu.get_cpu_capability()`: AVX512, AVX2, ...), so a seeded run repeats bit
+    for bit on one machine, and another CPU may round otherwise."""
+    return {"cpu": _cpu_model(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def machine_record(old: dict | None) -> dict:
+    """config.json's `machine` (where the run started; None for a run recorded before this was)
+    and `resumed_on` (each other machine it then continued on, in order), given the config.json
+    the run folder held (None: a new run)."""
+    now = machine()
+    if old is None:
+        return {"machine": now, "resumed_on": []}
+    started, resumed_on = old.get("machine"), list(old.get("resumed_on") or [])
+    last = resumed_on[-1] if resumed_on else started
+    if last != now:
+        resumed_on.append(now)
+    return {"machine": started, "resumed_on": resumed_on}
+
+
+def machine_changed(old: dict | None) -> str | None:
+    """One line for stderr when a run recorded on another machine continues here, else None."""
+    if old is None or old.get("machine") is None:
+        return None
+    last = (old.get("resumed_on") or [old["machine"]])[-1]
+    now = machine()
+    if last == now:
+        return None
+    return (f"continues on {now['cpu']} ({now['torch_cpu_capability']}), where it last ran on {last.get('cpu')} "
+            f"({last.get('torch_cpu_capability')}): torch's CPU ops may round otherwise from here, so its numbers "
+            "are no longer one machine's bits (config.json resumed_on)")
+

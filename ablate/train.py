@@ -29,7 +29,7 @@ from ablate.errors import ConfigError
 from ablate.kernels import cpu_attention, cpu_gelu, get_backend
 from ablate.model import GPT, build_model
 from ablate.probes import Probes
-from ablate.provenance import git_commit, versions
+from ablate.provenance import git_commit, machine_changed, machine_record, versions
 from ablate.rundir import (CHECKPOINT, COMPLETED, CONFIG, DIVERGED, METRICS, SUMMARY, differing, file_version,
                            finite_or_none, identity, read_json, replace_atomic, run_summary, write_json_atomic)
 from ablate.schedule import lr_at
@@ -159,11 +159,13 @@ CPU_KERNELS = {"gelu_cpu": (cpu_gelu.KERNEL, "GELU"), "attention_cpu": (cpu_atte
 
 def run_config(cell, cfg: TrainConfig, size: ModelSize, data: TokenData, device: torch.device, kernels: str,
                params: int | None = None, threads: int | None = None, flush_denormal: bool | None = None,
-               subnormals_flushed: bool | None = None, cpu_forms: dict[str, str | None] | None = None) -> dict:
+               subnormals_flushed: bool | None = None, cpu_forms: dict[str, str | None] | None = None,
+               machines: dict | None = None) -> dict:
     """config.json. threads, flush_denormal: the values the run trains with (a resumed run's
     own); subnormals_flushed: what ablate.fpmode measured in the torch threads once they were set
     (True in all, False in none, None mixed); cpu_forms: the forms of the CPU kernels, by their
-    config.json keys (CPU_KERNELS)."""
+    config.json keys (CPU_KERNELS); machines: `machine` and `resumed_on` (ablate.provenance.machine_record,
+    this machine alone when not given)."""
     spec = cfg.spec
     flush = cfg.flush_denormal if flush_denormal is None else flush_denormal
     return {
@@ -186,6 +188,7 @@ def run_config(cell, cfg: TrainConfig, size: ModelSize, data: TokenData, device:
         "subnormals_flushed": subnormals_flushed,
         **{key: (cpu_forms or {}).get(key) for key in CPU_KERNELS},
         "versions": versions(),
+        **(machines or machine_record(None)),
         "git_commit": git_commit(),
         "plugins": plugins.records(),  # the code outside the package that defined values, with its sha256
     }
@@ -539,9 +542,14 @@ def _build(cell, plan: RunPlan, forms: dict[str, str | None]) -> tuple[GPT, Any]
     torch.manual_seed(cfg.seed)  # the seed fixes the initial weights...
     model = build_model(cfg.spec, plan.size, plan.ops, plan.device, init=cfg.init_name)
     opt = make_optimizer(model, cfg)
+    continuing = plan.recorded if (plan.run_dir / CHECKPOINT).exists() else None  # else it starts at step 0
+    moved = machine_changed(continuing) if plan.device.type == "cpu" else None
+    if moved:
+        print(f"ablate: {plan.run_dir} {moved}", file=sys.stderr)
     config = run_config(cell, cfg, plan.size, plan.data, plan.device, plan.ops.name,
                         params=sum(p.numel() for p in model.parameters()), threads=plan.threads,
-                        flush_denormal=plan.flush, subnormals_flushed=fpmode.flushing(), cpu_forms=forms)
+                        flush_denormal=plan.flush, subnormals_flushed=fpmode.flushing(), cpu_forms=forms,
+                        machines=machine_record(continuing))
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(plan.run_dir / CONFIG, config)
     return model, opt
