@@ -36,10 +36,10 @@ def versions() -> dict[str, str]:
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        name = ""
+    return name or platform.processor() or platform.machine()
 
 
 def machine() -> dict[str, str]:
@@ -56,22 +56,30 @@ def machine_record(old: dict | None) -> dict:
     now = machine()
     if old is None:
         return {"machine": now, "resumed_on": []}
-    started, resumed_on = old.get("machine"), list(old.get("resumed_on") or [])
-    last = resumed_on[-1] if resumed_on else started
-    if last != now:
+    started, resumed_on = _recorded(old)
+    if (resumed_on[-1] if resumed_on else started) != now:
         resumed_on.append(now)
     return {"machine": started, "resumed_on": resumed_on}
 
 
+def _recorded(config: dict) -> tuple[dict | None, list[dict]]:
+    """A config.json's (machine, resumed_on); what is not a machine's record reads as unknown."""
+    def known(m):
+        return isinstance(m, dict) and isinstance(m.get("cpu"), str)
+
+    resumed_on = config.get("resumed_on")
+    return (config["machine"] if known(config.get("machine")) else None,
+            [m for m in resumed_on if known(m)] if isinstance(resumed_on, list) else [])
+
+
 def machine_changed(old: dict | None) -> str | None:
     """One line for stderr when a run recorded on another machine continues here, else None."""
-    if old is None or old.get("machine") is None:
+    if old is None:
         return None
-    last = (old.get("resumed_on") or [old["machine"]])[-1]
-    now = machine()
-    if last == now:
+    started, resumed_on = _recorded(old)
+    last, now = (resumed_on[-1] if resumed_on else started), machine()
+    if last is None or last == now:
         return None
     return (f"continues on {now['cpu']} ({now['torch_cpu_capability']}), where it last ran on {last.get('cpu')} "
             f"({last.get('torch_cpu_capability')}): torch's CPU ops may round otherwise from here, so its numbers "
             "are no longer one machine's bits (config.json resumed_on)")
-

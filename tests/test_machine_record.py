@@ -57,6 +57,14 @@ def test_the_record_keeps_where_a_run_started_and_adds_each_other_machine_once()
     assert machine_changed({}) is None and machine_changed(None) is None
 
 
+@pytest.mark.parametrize("bad", ["a string", 3, {"cpu": None}, ["a list"]])
+def test_a_record_that_is_not_a_machines_reads_as_unknown(bad):
+    here = machine()
+    assert machine_changed({"machine": bad, "resumed_on": bad}) is None
+    assert machine_record({"machine": bad, "resumed_on": bad}) == {"machine": None, "resumed_on": [here]}
+    assert machine_record({"machine": ELSEWHERE, "resumed_on": [bad]}) == {"machine": ELSEWHERE, "resumed_on": [here]}
+
+
 def test_a_new_run_records_this_machine(tmp_path):
     cell = Cell.from_options(OPTIONS)
     run_cell(cell, tmp_path)
