@@ -32,21 +32,22 @@ def versions() -> dict[str, str]:
             "torch": torch.__version__, "numpy": np.__version__}
 
 
-@lru_cache(maxsize=1)
-def _cpu_model() -> str:
+@lru_cache(maxsize=None)
+def cpuinfo(field: str) -> str:
+    """The first value of `field` in /proc/cpuinfo ("model name", "flags"), "" where there is none."""
     try:
         with open("/proc/cpuinfo") as f:
-            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+            return next((line.split(":", 1)[1].strip() for line in f if line.split(":", 1)[0].strip() == field), "")
     except OSError:
-        name = ""
-    return name or platform.processor() or platform.machine()
+        return ""
 
 
 def machine() -> dict[str, str]:
     """The CPU a run computes on. torch's CPU ops choose their code by the CPU's instruction set
     (`torch.backends.cpu.get_cpu_capability()`: AVX512, AVX2, ...), so a seeded run repeats bit
     for bit on one machine, and another CPU may round otherwise."""
-    return {"cpu": _cpu_model(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    return {"cpu": cpuinfo("model name") or platform.processor() or platform.machine(),
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
 def machine_record(old: dict | None) -> dict:
@@ -57,7 +58,7 @@ def machine_record(old: dict | None) -> dict:
     if old is None:
         return {"machine": now, "resumed_on": []}
     started, resumed_on = _recorded(old)
-    if (resumed_on[-1] if resumed_on else started) != now:
+    if _last(started, resumed_on) != now:
         resumed_on.append(now)
     return {"machine": started, "resumed_on": resumed_on}
 
@@ -72,12 +73,16 @@ def _recorded(config: dict) -> tuple[dict | None, list[dict]]:
             [m for m in resumed_on if known(m)] if isinstance(resumed_on, list) else [])
 
 
+def _last(started: dict | None, resumed_on: list[dict]) -> dict | None:
+    """The machine a run last computed on (None: not recorded)."""
+    return resumed_on[-1] if resumed_on else started
+
+
 def machine_changed(old: dict | None) -> str | None:
     """One line for stderr when a run recorded on another machine continues here, else None."""
     if old is None:
         return None
-    started, resumed_on = _recorded(old)
-    last, now = (resumed_on[-1] if resumed_on else started), machine()
+    last, now = _last(*_recorded(old)), machine()
     if last is None or last == now:
         return None
     return (f"continues on {now['cpu']} ({now['torch_cpu_capability']}), where it last ran on {last.get('cpu')} "

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from ablate.provenance import cpuinfo
+
 SOURCES = Path(__file__).with_name("cpu")
 # -ffast-math lets GCC call glibc's vector expf; the exact copies keep IEEE semantics (no
 # contraction: every fused multiply-add is an fmaf in the source), only dropping errno and
@@ -50,11 +52,7 @@ def _compiler() -> str | None:
 
 @functools.cache
 def _cpu_flags() -> frozenset[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return frozenset(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
-    except OSError:
-        return frozenset()
+    return frozenset(cpuinfo("flags").split())
 
 
 def cpu_has(*flags: str) -> bool:
