@@ -308,6 +308,99 @@ def test_linear_gelus_bits_do_not_depend_on_the_thread_count(threads):
     assert all(torch.equal(a, c) for a, c in zip(*out))
 
 
+def _mlp_case(shape, hidden, seed=0, bias2=True):
+    x, w, b, _ = _linear_case(shape, hidden, seed)
+    torch.manual_seed(seed + 1)
+    w2 = torch.randn(shape[-1], hidden) * hidden ** -0.5
+    return x, w, b, w2, (torch.randn(shape[-1]) if bias2 else None), torch.randn(shape)
+
+
+def _mlp_run(fn, tensors, grad, frozen=()):
+    """fn's output and the gradients of its tensor inputs (None where frozen or absent)."""
+    ours = [None if t is None else t.clone().requires_grad_(i not in frozen) for i, t in enumerate(tensors)]
+    with cpu_gelu.using(BIAS[0]):
+        out = fn(*ours)
+    out.backward(grad)
+    return [out.detach(), *(None if t is None else t.grad for t in ours)]
+
+
+def _two_layers(x, w, b, w2, b2):
+    return F.linear(cpu_gelu.linear_gelu(x, w, b), w2, b2)
+
+
+@needs_bias_form
+@pytest.mark.parametrize("shape,hidden,bias2,frozen", [((16, 64, 64), 256, True, ()),  # tiny's MLP
+                                                       ((3, 5, 7), 37, True, ()),
+                                                       ((2000, 9), 21, False, ()),  # no second bias
+                                                       ((4, 6, 8), 32, True, (2, 3)),  # c_fc's bias, c_proj frozen
+                                                       ((4, 6, 8), 32, True, (0,))])  # the input needs no gradient
+def test_dense_mlp_has_the_bits_of_its_two_layers_in_turn(threads, shape, hidden, bias2, frozen):
+    """The backend's dense MLP on the bias form writes the activation's gradient in place; the
+    output and every gradient are those of linear_gelu then F.linear under autograd, bit for
+    bit, at 1 and 2 threads: runs made before it continue on their own bits."""
+    x, w, b, w2, b2, grad = _mlp_case(shape, hidden, bias2=bias2)
+    for n in (1, 2):
+        threads(n)
+        assert cpu_gelu.handles_mlp(x, w, b, w2, b2)
+        fused = _mlp_run(lambda *t: ReferenceBackend().dense_mlp("gelu", *t), (x, w, b, w2, b2), grad, frozen)
+        apart = _mlp_run(_two_layers, (x, w, b, w2, b2), grad, frozen)
+        for got, want in zip(fused, apart):
+            assert (got is None and want is None) or torch.equal(got, want)
+
+
+@needs_bias_form
+def test_dense_mlp_leaves_the_gradient_it_is_handed_as_it_was():
+    """A residual sum hands one gradient tensor to both its terms: the MLP may overwrite only
+    the buffer it makes, never the one it is given (the stream's gradient would change)."""
+    x, w, b, w2, b2, grad = _mlp_case((4, 6, 8), 32)
+    stream = torch.zeros_like(x, requires_grad=True)
+    with cpu_gelu.using(BIAS[0]):
+        out = stream + ReferenceBackend().dense_mlp("gelu", x.requires_grad_(), w, b, w2, b2)
+    assert type(out.grad_fn.next_functions[1][0]).__name__ == "_GeluBiasLinearBackward"
+    kept = grad.clone()
+    out.backward(grad)
+    assert torch.equal(grad, kept) and torch.equal(stream.grad, kept)
+
+
+def test_dense_mlp_takes_both_layers_in_turn_where_the_kernel_does_not_apply():
+    x, w, b, w2, b2, _ = _mlp_case((4, 6, 8), 32)
+    backend = ReferenceBackend()
+    for form in [f for f in cpu_gelu.available() if f not in cpu_gelu.BIAS_FORMS]:
+        with cpu_gelu.using(form):
+            assert not cpu_gelu.handles_mlp(x, w, b, w2, b2)
+            assert torch.equal(backend.dense_mlp("gelu", x, w, b, w2, b2),
+                               F.linear(backend.activation("gelu", F.linear(x, w, b)), w2, b2))
+    if BIAS:
+        with cpu_gelu.using(BIAS[0]):
+            assert not cpu_gelu.handles_mlp(x, w, b, w2.double(), b2)
+            assert not cpu_gelu.handles_mlp(x, w, b, w2[:, :-1], b2)  # a second layer that does not fit
+            assert not cpu_gelu.handles_mlp(x, w, b, w2, b2[:-1])
+            assert not cpu_gelu.handles_mlp(x, w, None, w2, b2)
+    assert torch.equal(backend.dense_mlp("relu", x, w, b, w2, b2), F.linear(torch.relu(F.linear(x, w, b)), w2, b2))
+
+
+@needs_bias_form
+def test_the_mlp_bench_prints_each_round_and_finds_the_same_losses(capsys, threads):
+    """Two rounds of a 1-block `tiny` (the order of the sides alternating): a ratio per round, and
+    the losses of both sides the same bits (else the exit status is 1)."""
+    from ablate.kernels import cpu_mlp_bench
+
+    threads(2)  # the bench sets 1 thread itself
+    assert cpu_mlp_bench.main(["tiny", "1", "5", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny x 1 blocks, 2 rounds of 5 steps" in out and "round 2: " in out and "in place: " in out
+    assert "differ" not in out
+
+
+@pytest.mark.parametrize("args", [["huge"], ["tiny", "0"], ["tiny", "2", "3"], ["tiny", "x"], ["tiny", "1", "5", "2", "9"]])
+def test_the_mlp_bench_refuses_bad_arguments_in_one_line(args, capsys):
+    from ablate.kernels import cpu_mlp_bench
+
+    assert cpu_mlp_bench.main(args) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and "valid:" in captured.err
+
+
 def test_other_forms_and_other_inputs_take_the_linear_then_the_activation():
     """Where the bias form is not in use (a run on `poly`, the passes), or the input is not
     float32 on the CPU, or under autocast, linear_activation is F.linear then activation: the bits

@@ -30,9 +30,10 @@ class DenseMLP(nn.Module):
         self.c_proj = nn.Linear(dense_hidden, d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Through the backend with c_fc's weights, not c_fc(x): its CPU path adds the bias in the
-        # activation's pass (ablate/kernels/cpu_gelu.py, form poly-bias).
-        return self.c_proj(self.ops.linear_activation(self.act, x, self.c_fc.weight, self.c_fc.bias))
+        # Through the backend with both layers' weights, not c_proj(act(c_fc(x))): its CPU path adds
+        # c_fc's bias in the activation's pass and writes the activation's gradient over the buffer
+        # c_proj's backward made for it (ablate/kernels/cpu_gelu.py, form poly-bias).
+        return self.ops.dense_mlp(self.act, x, self.c_fc.weight, self.c_fc.bias, self.c_proj.weight, self.c_proj.bias)
 
 
 class GatedMLP(nn.Module):

@@ -107,7 +107,8 @@ def _bias_fwd(h: torch.Tensor, bias: torch.Tensor, y: torch.Tensor, copy: Copy |
 
 def _bias_bwd(h: torch.Tensor, bias: torch.Tensor, dy: torch.Tensor, dz: torch.Tensor, db: torch.Tensor,
               copy: Copy | None = None) -> None:
-    """dz = gelu'(h + bias) dy and db = dz summed over the rows, all contiguous."""
+    """dz = gelu'(h + bias) dy and db = dz summed over the rows, all contiguous; dz may be dy
+    (the kernel reads each element before it writes it)."""
     cols = h.shape[-1]
     rows = h.numel() // cols
     rpb = _rows_per_block(rows)
@@ -139,6 +140,39 @@ class _GeluTanhBias(torch.autograd.Function):
         return dz, db
 
 
+class _GeluBiasLinear(torch.autograd.Function):
+    """F.linear(gelu(h + b), weight, bias): the dense MLP's activation and its second layer.
+    The second layer is F.linear forward and, backward, the very ops autograd runs for it (the
+    same bits). What this buys: the activation's output gradient is the matmul this backward
+    makes itself, so nothing else reads that buffer and the input gradient is written over it,
+    where an op of its own (`_GeluTanhBias`) must take a fresh 4x-wide buffer, cold in cache,
+    from whatever autograd hands it (a residual sum may hand the same tensor to two ops)."""
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, b: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+        h, b = h.contiguous(), b.contiguous()
+        y = torch.empty_like(h)
+        if h.numel():
+            _bias_fwd(h, b, y)
+        ctx.save_for_backward(h, b, y, weight)
+        return F.linear(y, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        h, b, y, weight = ctx.saved_tensors
+        need_h, need_b, need_weight, need_bias = ctx.needs_input_grad
+        g = grad.reshape(-1, grad.shape[-1])  # F.linear's flattened matmul: autograd's order of ops
+        dweight = g.t().mm(y.reshape(-1, y.shape[-1])) if need_weight else None
+        dbias = g.sum(0) if need_bias else None
+        dz = db = None
+        if need_h or need_b:
+            dz = g.mm(weight).view(h.shape)  # the activation's output gradient, overwritten below
+            db = torch.zeros_like(b)
+            if h.numel():
+                _bias_bwd(h, b, dz, dz, db)
+        return dz, db, dweight, dbias
+
+
 def handles_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Whether gelu(F.linear(x, weight, bias)) goes to `linear_gelu`: handles(x), a form that adds
     the bias in the kernel, float32 weights on the CPU, a bias, and no autocast."""
@@ -148,10 +182,27 @@ def handles_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
             and not torch.is_autocast_enabled("cpu"))
 
 
+def handles_mlp(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, weight2: torch.Tensor,
+                bias2: torch.Tensor | None) -> bool:
+    """Whether F.linear(gelu(F.linear(x, weight, bias)), weight2, bias2) goes to
+    `linear_gelu_linear`: handles_linear, and a second layer of float32 CPU weights that fits."""
+    return (handles_linear(x, weight, bias) and weight2.dtype == x.dtype and weight2.device.type == "cpu"
+            and weight2.dim() == 2 and weight2.shape[1] == weight.shape[0]
+            and (bias2 is None or (bias2.dtype == x.dtype and bias2.device.type == "cpu"
+                                   and bias2.shape == weight2.shape[:1])))
+
+
 def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """gelu(F.linear(x, weight, bias)), GPT-2's tanh GELU: torch's matmul without the bias (its
     backward is autograd's own), then the bias added in the activation's kernel."""
     return _GeluTanhBias.apply(F.linear(x, weight), bias)
+
+
+def linear_gelu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, weight2: torch.Tensor,
+                       bias2: torch.Tensor | None) -> torch.Tensor:
+    """F.linear(linear_gelu(x, weight, bias), weight2, bias2), with linear_gelu's bits, its
+    backward writing the activation's gradient in place (`_GeluBiasLinear`)."""
+    return _GeluBiasLinear.apply(F.linear(x, weight), bias, weight2, bias2)
 
 
 def handles(x: torch.Tensor) -> bool:

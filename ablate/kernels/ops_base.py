@@ -377,6 +377,10 @@ class KernelBackend:
                           bias: torch.Tensor | None) -> torch.Tensor:
         return self.activation(name, F.linear(x, weight, bias))  # torch's matmul, then the kernel
 
+    def dense_mlp(self, name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  weight2: torch.Tensor, bias2: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(self.linear_activation(name, x, weight, bias), weight2, bias2)
+
     def gated(self, gate_act: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         if (gate_act not in ACT_IDS or gate.shape != up.shape or gate.dtype != up.dtype
                 or not self._ok(gate, up)):

@@ -24,6 +24,13 @@ class ReferenceBackend:
             return cpu_gelu.linear_gelu(x, weight, bias)
         return self.activation(name, F.linear(x, weight, bias))
 
+    def dense_mlp(self, name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  weight2: torch.Tensor, bias2: torch.Tensor | None) -> torch.Tensor:
+        """act(x W^T + b) W2^T + b2: the dense MLP."""
+        if name == "gelu" and cpu_gelu.handles_mlp(x, weight, bias, weight2, bias2):  # its backward in place
+            return cpu_gelu.linear_gelu_linear(x, weight, bias, weight2, bias2)
+        return F.linear(self.linear_activation(name, x, weight, bias), weight2, bias2)
+
     def gated(self, gate_act: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return self.activation(gate_act, gate) * up
 
