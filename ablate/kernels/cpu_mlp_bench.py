@@ -7,7 +7,7 @@ whole training steps, against the same MLP as its two layers in turn:
 Why whole steps: what the in-place write saves is a fresh 4x-wide buffer, cold in cache, a
 block a step; a kernel timed alone in a loop finds every buffer warm. Both sides compute the same
 bits (tests/test_cpu_gelu.py), so two models built from one seed step on the same batches,
-taking turns step by step (who goes first alternating), at 1 thread, probes off, on the bench's
+taking turns step by step (who goes first alternating), at 1 thread, probes off, subnormals flushed as the harness's default has them, on the bench's
 batch and learning rate (ablate/bench/steps.py). A round's ratio is the two models' summed step
 times after the first 3 steps; the losses of both sides are checked to be the same bits.
 """
@@ -21,6 +21,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from ablate import fpmode
 from ablate.kernels import cpu_gelu
 from ablate.kernels.reference import ReferenceBackend
 from ablate.sizes import SIZES
@@ -45,6 +46,7 @@ def _loops(size: str, blocks: int, steps: int):
 
     plan = plan_run(Cell.from_options(harness_options(size, blocks, steps, False, 1, "cpu")))
     cfg = plan.cfg
+    fpmode.apply(cfg.flush_denormal)  # subnormals as a new run of the harness has them
 
     def loop(ops):
         torch.manual_seed(cfg.seed)
@@ -105,7 +107,16 @@ def main(argv: list[str]) -> int:
         print(f"cpu_mlp_bench: this machine's GELU form is {cpu_gelu.current()!r}, which does not run the dense MLP "
               f"in place ({cpu_gelu.library()[1] or 'a form without the bias in its kernel'})", file=sys.stderr)
         return 1
+    outer = torch.get_num_threads(), fpmode.main_thread_flushing()
     torch.set_num_threads(1)
+    try:
+        return _run(size, blocks, steps, rounds)
+    finally:
+        torch.set_num_threads(outer[0])
+        fpmode.set_flush_denormal(outer[1])
+
+
+def _run(size: str, blocks: int, steps: int, rounds: int) -> int:
     print(f"the dense MLP in place against its two layers in turn: {size} x {blocks} blocks, {rounds} rounds of "
           f"{steps} steps (the first {WARM} untimed), 1 thread; ratio = two layers' time / in place's", flush=True)
     ratios, differ = [], 0
