@@ -7,9 +7,10 @@ whole training steps, against the same MLP as its two layers in turn:
 Why whole steps: what the in-place write saves is a fresh 4x-wide buffer, cold in cache, a
 block a step; a kernel timed alone in a loop finds every buffer warm. Both sides compute the same
 bits (tests/test_cpu_gelu.py), so two models built from one seed step on the same batches,
-taking turns step by step (who goes first alternating), at 1 thread, probes off, subnormals flushed as the harness's default has them, on the bench's
-batch and learning rate (ablate/bench/steps.py). A round's ratio is the two models' summed step
-times after the first 3 steps; the losses of both sides are checked to be the same bits.
+taking turns step by step (who goes first alternating), at 1 thread, probes off, subnormals
+flushed as a new run of the harness has them, on the bench's batch and learning rate
+(ablate/bench/steps.py). A round's ratio is the two models' summed step times after the first 3
+steps; the losses of both sides are checked to be the same bits.
 """
 from __future__ import annotations
 
