@@ -155,6 +155,32 @@ def test_bench_prints_what_it_times_the_step_table_and_the_fraction_of_peak(caps
     assert breakdown and 98 <= sum(map(int, breakdown.groups())) <= 102  # shares of one total, rounded
 
 
+def test_the_probes_part_steps_one_model_twice_in_turn_probes_on_and_off(capsys, monkeypatch):
+    """`--only probes`: a row per size; the probed copy logs and measures (collect and the stability
+    probes run on it), the other copy runs no probe, and their losses are the same bits."""
+    from ablate.cli import main
+    from ablate.probes import Probes, Stability
+
+    calls = {"collect": 0, "measure": 0}
+    for cls, name in ((Probes, "collect"), (Stability, "measure")):
+        real = getattr(cls, name)
+
+        def counted(self, *args, _real=real, _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(self, *args, **kwargs)
+        monkeypatch.setattr(cls, name, counted)
+    threads = torch.get_num_threads()
+    assert main(["bench", "--only", "probes", "--models", "tiny", "--layers", "1", "--steps", "8",
+                 "--repeats", "2", "--threads", "1", "--probe-every", "4"]) == 0
+    assert torch.get_num_threads() == threads
+    assert calls == {"collect": 2 * 8, "measure": 2 * 2}  # every step of the probed copy; steps 0 and 4
+    out = capsys.readouterr().out
+    assert "every probe on / none, step by step" in out
+    row = [cells_of(line) for line in out.splitlines() if line.startswith("| tiny |")]
+    assert len(row) == 1 and row[0][1:3] == ["1", "2 x 8"] and row[0][5] == "yes"
+    assert re.fullmatch(r"[+-]\d+\.\d\d% \[[+-]\d+\.\d\d%\.\.[+-]\d+\.\d\d%\]", row[0][3]), row[0][3]
+
+
 def test_lockstep_partners_step_once_after_each_harness_step_outside_its_logged_and_period_times():
     """Partner steps run between harness steps, taking turns to go first, and their seconds are
     kept out of both the logged step and the period (a partner here sleeps 0.1 s a step)."""

@@ -2,7 +2,7 @@
 machine's matmul peak, as tables to paste."""
 from __future__ import annotations
 
-PARTS = ("steps", "grid", "startup", "memory", "profile", "gpu", "subnormals")
+PARTS = ("steps", "probes", "grid", "startup", "memory", "profile", "gpu", "subnormals")
 
 
 def add_arguments(p) -> None:
@@ -58,13 +58,22 @@ def _run_parts(args, models: list[str], threads: int) -> int:
 
     import torch
 
-    # The subnormals part trains whole claim cells twice (minutes): only when asked for.
-    parts = args.only or [p for p in PARTS if p != "subnormals" and (p != "gpu" or torch.cuda.is_available())]
+    # The subnormals and probes parts train models twice more (minutes): only when asked for.
+    parts = args.only or [p for p in PARTS if p not in ("subnormals", "probes")
+                          and (p != "gpu" or torch.cuda.is_available())]
     load = ", load average {:.1f} {:.1f} {:.1f}".format(*os.getloadavg()) if hasattr(os, "getloadavg") else ""
     plural = "s" if threads != 1 else ""
     print(f"ablate bench ({threads} torch thread{plural}, {os.cpu_count()} cores{load}, torch {torch.__version__})\n")
     if "steps" in parts:
         _steps(args, models, threads)
+    if "probes" in parts:
+        from ablate.bench.probe_cost import HEADER, probe_cost
+
+        print(HEADER, flush=True)
+        for model in models:
+            print(probe_cost(model, args.layers, args.steps, args.repeats, threads, args.probe_every).describe(),
+                  flush=True)
+        print()
     if "grid" in parts:
         from ablate.bench.grid_scaling import describe, grid_scaling
 
