@@ -502,7 +502,7 @@ def _train(cell, plan: RunPlan, forms: dict[str, str | None], quiet: bool,
             for group in opt.param_groups:
                 group["lr"] = lr
             x, y = data.batch("train", step, cfg.seed, cfg.batch_size, cfg.context, device)  # ...and the batch order
-            loss_value, metrics = _train_step(plan, model, forward, opt, probes, step, x, y)
+            loss_value, metrics = train_step(plan, model, forward, opt, probes, step, x, y)
             dt = time.perf_counter() - t0
             state.first_loss = loss_value if state.first_loss is None else state.first_loss
             diverged = not math.isfinite(loss_value) or loss_value > cfg.diverge_factor * state.first_loss
@@ -576,7 +576,7 @@ def _resume(plan: RunPlan, model: GPT, opt) -> RunState:
     return state
 
 
-def _train_step(plan: RunPlan, model: GPT, forward, opt, probes: Probes | None, step: int,
+def train_step(plan: RunPlan, model: GPT, forward, opt, probes: Probes | None, step: int,
                 x: torch.Tensor, y: torch.Tensor) -> tuple[float, dict]:
     """One optimizer step on the batch (x, y): its loss, and on a logged step the probes'
     metrics (on every probe_every-th one the costlier stability metrics too)."""

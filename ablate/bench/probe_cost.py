@@ -1,6 +1,6 @@
 """What the probes cost a step, in lockstep (`ablate bench --only probes`): two copies of one
 model, same seed, same batches, step in turn in one process through the training loop's own
-step (ablate.train._train_step), one with every probe on (at log_every 1 and the harness's
+step (ablate.train.train_step), one with every probe on (at log_every 1 and the harness's
 probe_every, as `--only steps` has them) and one with none. Steps a few milliseconds apart see
 the same machine, where `--only steps` reads the probes as the difference of two separate runs
 each against the plain loop, whose spread is the machine's. The probes do not change the
@@ -64,7 +64,7 @@ def _copies(model: str, layers: int | None, steps: int, threads: int, probe_ever
 def probe_round(model: str, layers: int | None, steps: int, threads: int, first: int,
                 probe_every: int | None = None) -> tuple[float, bool]:
     """(on time / off time - 1, whether the losses were the same bits), copy `first` going first."""
-    from ablate.train import _train_step
+    from ablate.train import train_step
 
     plan, copies = _copies(model, layers, steps, threads, probe_every)
     cfg = plan.cfg
@@ -75,7 +75,7 @@ def probe_round(model: str, layers: int | None, steps: int, threads: int, first:
         for i in order:
             net, opt, probes = copies[i]
             start = time.perf_counter()
-            loss = _train_step(plan, net, net, opt, probes, step, x, y)[0]
+            loss = train_step(plan, net, net, opt, probes, step, x, y)[0]
             seconds[i] += time.perf_counter() - start if step >= WARM else 0.0
             losses[i].append(loss)
         order.reverse()
