@@ -8,7 +8,8 @@
 # Every stage has a time cap inside an overall deadline, so the script always ends in time and
 # prints what it got. Everything is printed and also kept under $OUT (default: a fresh temp dir).
 # Usage: scripts/gpu_check.sh            (from anywhere; PYTHON=... to pick the interpreter)
-# It runs from the source tree (no install needed). Wheels in .whl/ (scripts/gpu_wheels.sh fetches
+# It installs the source tree editable when `ablate` is not importable (the folders variants/ and
+# analysis/ import as ablate.variants and ablate.analysis only once installed). Wheels in .whl/ (scripts/gpu_wheels.sh fetches
 # the ones the device tool's H200 image lacks: jsonlines) are installed into /tmp/site first, so
 # on that machine: scripts/gpu_wheels.sh here, then run `bash scripts/gpu_check.sh` with carry .whl.
 set -u -o pipefail
@@ -17,6 +18,9 @@ PY=${PYTHON:-python3}
 if compgen -G ".whl/*.whl" >/dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+if ! (cd /tmp && "$PY" -c "import ablate.variants") 2>/dev/null; then
+  "$PY" -m pip install -q --no-deps --no-build-isolation --no-index -e . || { echo "gpu_check: could not install ablate from $(pwd)"; exit 2; }
 fi
 missing=$("$PY" -c "
 import importlib.util as u
