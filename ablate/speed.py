@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import json
+import math
 import os
 import platform
 import sys
@@ -79,7 +80,7 @@ class Speed:
     cell_s: float  # per cell: build, data, warm-up
     threads: int
     load: float  # runnable processes besides it when it was measured (competing_load): when to measure again
-    measured_at: float
+    measured_at: float | None  # None: the reference yardstick, never measured
     machine: str
     calibration_s: float = 0.0
     companions: int = 0  # processes that kept the other cores busy while it was measured (_busy_like_a_grid)
@@ -107,7 +108,15 @@ class Speed:
         evals = (cfg.steps - 1) // cfg.eval_every * cfg.eval_batches + cfg.final_eval_batches
         return self.cell_s + cfg.steps * step + evals * self.eval_ratio * step
 
+    def source(self) -> str:
+        """Where the figures come from, in a few words: a calibration (and its age) or the yardstick."""
+        if self.measured_at is None:
+            return f"the fixed reference yardstick ({SPEED_ENV}=reference), not measured on this machine"
+        return f"this machine's speed, measured {_ago(self.measured_at)}"
+
     def describe(self) -> str:
+        if self.measured_at is None:
+            return f"estimated from {self.source()}"
         when = (f"calibrated on this machine {_ago(self.measured_at)}" if self.calibrations < 2 else
                 f"the median of {self.calibrations} calibrations on this machine in the last "
                 f"{HISTORY_S // 3600} h (the newest {_ago(self.measured_at)})")
@@ -185,7 +194,7 @@ def reference(threads: int = 1) -> Speed:
     13 s): median error 7% a cell, each claim's total within 12% of its measured wall time. The
     yardstick before it, fitted while other work shared the cores, read about 2x high."""
     return Speed(step_s=1.82e-3, block_s=3.32e-3, flops_per_s=51.9e9, eval_ratio=0.12, cell_s=0.0,
-                 threads=threads, load=0.0, measured_at=0.0, machine="reference")
+                 threads=threads, load=0.0, measured_at=None, machine="reference")
 
 
 _FLOPS: dict = {}
@@ -469,22 +478,92 @@ def _cache_path() -> Path:
     return cache_root() / CACHE_NAME
 
 
-def _history(threads: int) -> list[Speed]:
-    """The cached calibrations at `threads` threads that describe this machine (its CPU, torch,
-    FORMAT) and are under HISTORY_S old, oldest first; [] for a missing or damaged cache."""
+CACHE_LIMIT = 1 << 20  # bytes: a cache of HISTORY_MAX calibrations a thread count is a few KB
+
+
+def _read_cache() -> tuple[dict, str | None]:
+    """The cache's entries by thread count, and why the file cannot be used (None: it can, or
+    there is none). A cache is the harness's own file, but whatever is found at its name is
+    checked: a FIFO is not waited on, a device not read (open_regular), nothing over CACHE_LIMIT."""
+    from ablate.rundir import open_regular
+
     try:
-        entries = json.loads(_cache_path().read_text()).get(str(threads))
-    except (OSError, ValueError, AttributeError):
-        return []
-    history = []
-    for entry in entries if isinstance(entries, list) else []:  # a dict: one entry of format 2 or older
-        try:
-            speed = Speed(**entry)
-        except TypeError:
-            continue
-        if speed.machine == machine() and speed.format == FORMAT and time.time() - speed.measured_at < HISTORY_S:
-            history.append(speed)
-    return sorted(history, key=lambda s: s.measured_at)[-HISTORY_MAX:]
+        with open_regular(_cache_path()) as f:
+            text = f.read(CACHE_LIMIT + 1)
+    except FileNotFoundError:
+        return {}, None
+    except OSError as e:
+        return {}, f"cannot read it: {e.strerror or e}"
+    if len(text) > CACHE_LIMIT:
+        return {}, f"it is over {CACHE_LIMIT} bytes"
+    try:
+        entries = json.loads(text)
+    except ValueError:  # UnicodeDecodeError among them
+        return {}, "it is not JSON"
+    if not isinstance(entries, dict):
+        return {}, f"it holds a JSON {type(entries).__name__}, not an object"
+    return entries, None
+
+
+def _number(value, low: float = 0.0, above: bool = False) -> bool:
+    """A JSON number (not a boolean), finite, at least `low` (over it where `above`)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and (value > low if above else value >= low))
+
+
+def _integer(value, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+# Each field of a cached calibration: whether a value is valid, and what is.
+_FIELD_CHECKS = {
+    **{name: (_number, "a finite number >= 0") for name in
+       ("step_s", "block_s", "eval_ratio", "cell_s", "load", "calibration_s", "other", "elem_s")},
+    "flops_per_s": (lambda v: _number(v, above=True), "a finite number > 0"),
+    "measured_at": (lambda v: _number(v, above=True) and v <= time.time() + 60, "a time in the past (seconds)"),
+    "threads": (lambda v: _integer(v, 1), "a whole number >= 1"),
+    "calibrations": (lambda v: _integer(v, 1), "a whole number >= 1"),
+    "companions": (lambda v: _integer(v, 0), "a whole number >= 0"),
+    "format": (lambda v: v == FORMAT, f"{FORMAT}, this version's (another is measured again)"),
+    "machine": (lambda v: isinstance(v, str), "a string"),
+    "points_s": (lambda v: isinstance(v, list) and len(v) == len(POINTS) and all(map(_number, v)),
+                 f"a list of {len(POINTS)} finite numbers >= 0"),
+    "spread": (lambda v: isinstance(v, list) and len(v) == 2 and all(_number(x, above=True) for x in v),
+               "a list of 2 finite numbers > 0"),
+    "variant_block_s": (lambda v: isinstance(v, dict) and all(map(_number, v.values())),
+                        "an object of finite numbers >= 0"),
+    "variant_extra_s": (lambda v: isinstance(v, dict) and all(_number(x, -math.inf) for x in v.values()),
+                        "an object of finite numbers"),
+}
+
+
+def _entry_problem(entry) -> str | None:
+    """Why a cached calibration cannot be used (None: it can)."""
+    if not isinstance(entry, dict):
+        return f"a calibration is a JSON {type(entry).__name__}, not an object"
+    for name, (valid, what) in _FIELD_CHECKS.items():
+        if name not in entry:
+            return f"a calibration has no {name}"
+        if not valid(entry[name]):
+            return f"{name} is {json.dumps(entry[name])[:40]}; valid: {what}"
+    unknown = sorted(set(entry) - set(_FIELD_CHECKS))
+    return f"a calibration has an unknown field {unknown[0]!r}" if unknown else None
+
+
+def _history(threads: int) -> tuple[list[Speed], str | None]:
+    """The cached calibrations at `threads` threads that describe this machine (its CPU and
+    torch) and are under HISTORY_S old, oldest first; and why the cache is unusable ([] and the
+    reason: it is measured again, saying so, never a traceback or an estimate of nan min)."""
+    entries, problem = _read_cache()
+    entries = entries.get(str(threads), [])
+    if problem is None and not isinstance(entries, list):
+        problem = f"its entry for {threads} thread(s) is a JSON {type(entries).__name__}, not a list"
+    problem = problem or next(filter(None, map(_entry_problem, entries)), None)
+    if problem:
+        return [], problem
+    history = [s for s in map(lambda e: Speed(**e), entries)
+               if s.machine == machine() and time.time() - s.measured_at < HISTORY_S]
+    return sorted(history, key=lambda s: s.measured_at)[-HISTORY_MAX:], None
 
 
 def _fresh(speed: Speed) -> bool:
@@ -498,11 +577,7 @@ def _store(history: list[Speed]) -> None:
     from ablate.rundir import write_json_atomic
 
     path = _cache_path()
-    try:
-        entries = json.loads(path.read_text()) if path.exists() else {}
-        entries = entries if isinstance(entries, dict) else {}
-    except (OSError, ValueError):
-        entries = {}
+    entries, _ = _read_cache()
     entries[str(history[-1].threads)] = [asdict(s) for s in history[-HISTORY_MAX:]]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -515,18 +590,31 @@ def _store(history: list[Speed]) -> None:
 # scripted runs whose estimates need not fit the day's load: the test suite sets it, so that
 # its child processes neither spend seconds calibrating nor write to the user's cache.
 SPEED_ENV = "ABLATE_SPEED"
+SPEED_MODES = {"": "unset: measure this machine", "reference": "the fixed yardstick"}
+
+
+def speed_mode() -> str:
+    """$ABLATE_SPEED, checked: a value it does not know is refused, never taken as 'measure'."""
+    from ablate.errors import ConfigError
+
+    mode = os.environ.get(SPEED_ENV, "")
+    if mode not in SPEED_MODES:
+        raise ConfigError(f"{SPEED_ENV}={mode[:40]!r} is not a speed source; valid: "
+                          + ", ".join(f"{k or 'unset'} ({v.split(': ')[-1]})" for k, v in SPEED_MODES.items()))
+    return mode
 
 
 def machine_speed(threads: int = 1, quiet: bool = False, variants=()) -> Speed:
     """This machine's speed pooled over its recent calibrations (`pool`): the cached ones, and a
     new one (cached) when the newest no longer describes the machine (_fresh), with the BLOCK of
     each of `variants` (ids) measured; the reference yardstick where $ABLATE_SPEED is `reference`."""
-    if os.environ.get(SPEED_ENV) == "reference":
+    if speed_mode() == "reference":
         return reference(threads)
-    history, measured = _history(threads), False
+    (history, problem), measured = _history(threads), False
     if not history or not _fresh(history[-1]):
-        if not quiet:
-            print(f"ablate: measuring this machine's training speed at {threads} thread"
+        if not quiet or problem:
+            why = f"the speed cache {_cache_path()} is unusable ({problem}), so measure again: " if problem else ""
+            print(f"ablate: {why}measuring this machine's training speed at {threads} thread"
                   f"{'s' if threads != 1 else ''} for the estimate (seconds on a quiet machine, longer under "
                   "load; cached)", file=sys.stderr, flush=True)
         history, measured = [*history, calibrate(threads)], True

@@ -27,7 +27,7 @@ def measured(monkeypatch, tmp_path):
     def calibrate(threads=1):
         state["calls"] += 1
         return speed.Speed(0.01, 0.002, 1e9, 0.3, 1.0, threads, state["load"], speed.time.time(), speed.machine(),
-                           format=speed.FORMAT)
+                           format=speed.FORMAT, points_s=[0.01] * len(speed.POINTS))
 
     monkeypatch.setattr(speed, "calibrate", calibrate)
     return state
@@ -143,11 +143,11 @@ def test_the_calibration_is_cached_while_it_describes_the_machine(measured, monk
     assert measured["calls"] == 3
     entries = json.loads((tmp_path / speed.CACHE_NAME).read_text())
     assert len(entries["1"]) == 2  # the history: both calibrations at 1 thread
-    entries["1"] = {**entries["1"][-1], "format": 2}  # one entry of format 2, without its points: measured again
+    entries["1"] = [{**entries["1"][-1], "format": 2}]  # an entry of format 2: measured again
     (tmp_path / speed.CACHE_NAME).write_text(json.dumps(entries))
     speed.machine_speed(1, quiet=True)
     assert measured["calls"] == 4 and speed.machine_speed(1, quiet=True).format == speed.FORMAT
-    monkeypatch.setattr(speed.time, "time", lambda: first.measured_at + speed.MAX_AGE_S + 1)  # too old
+    monkeypatch.setattr(speed.time, "time", lambda: first.measured_at + 2 * speed.MAX_AGE_S)  # too old
     speed.machine_speed(1, quiet=True)
     assert measured["calls"] == 5
     (tmp_path / speed.CACHE_NAME).write_text("not json")  # a damaged cache: measured again

@@ -223,7 +223,7 @@ def reproduce(claim, out: Path, scale: str, overrides: dict, args, grid=None):
         speed = grid_speed(grid, workers)
         seconds = quick_seconds(grid, max(1, workers), speed)
         print(f"estimated time: about {_minutes(seconds)}{speed.span(seconds)} with {max(1, workers)} "
-              "cell(s) at once (this machine's speed, measured)", flush=True)
+              f"cell(s) at once ({speed.source()})", flush=True)
     t0 = time.time()
     status = run_grid(grid, out, GridRunOptions(workers=workers, quiet=args.quiet))
     if status == 2:
