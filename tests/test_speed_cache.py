@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-import ablate.speed as speed
+import ablate.bench.estimate as speed
 from ablate.cli import main
 
 MACHINE_SPEED = speed.machine_speed  # before conftest's fixture swaps it for the reference
@@ -25,19 +25,17 @@ def cache(monkeypatch, tmp_path):
     monkeypatch.setattr(speed, "machine_speed", MACHINE_SPEED)
     monkeypatch.delenv(speed.SPEED_ENV, raising=False)
     monkeypatch.setenv("ABLATE_CACHE", str(tmp_path))
-    monkeypatch.setattr(speed, "competing_load", lambda: 0.0)
     calls = []
 
     def calibrate(threads=1):
         calls.append(threads)
-        return speed.Speed(0.01, 0.002, 1e9, 0.3, 1.0, threads, 0.0, speed.time.time(), speed.machine(),
-                           format=speed.FORMAT, points_s=[0.01] * len(speed.POINTS))
+        return speed.Speed(block_s=0.002, flops_per_s=1e9, cell_s=1.0, low=0.9, high=1.2, threads=threads,
+                           machine=speed.machine(), measured_at=speed.time.time())
 
     monkeypatch.setattr(speed, "calibrate", calibrate)
-    monkeypatch.setattr(speed, "calibrate_variants", lambda s, variants: False)
     path = tmp_path / speed.CACHE_NAME
     speed.machine_speed(THREADS, quiet=True)
-    entry = json.loads(path.read_text())[KEY][-1]
+    entry = json.loads(path.read_text())[KEY]
     calls.clear()
     return path, calls, entry
 
@@ -60,33 +58,30 @@ def assert_measured_again(out: str, err: str, calls: list) -> None:
 
 WRONG_FIELDS = [
     ("measured_at", None), ("measured_at", "yesterday"), ("measured_at", -5.0), ("measured_at", 1e12),
-    ("flops_per_s", 0), ("flops_per_s", -1e9), ("flops_per_s", "fast"), ("flops_per_s", None),
-    ("step_s", -66.6), ("step_s", "0.01"), ("step_s", [0.01]), ("block_s", True),
-    ("cell_s", {"s": 1}), ("eval_ratio", None),
-    ("threads", "1"), ("threads", 1.5), ("threads", 0), ("calibrations", 0), ("calibrations", "2"),
-    ("companions", -1), ("machine", 5), ("machine", None), ("format", 3), ("format", "4"),
-    ("points_s", "fast"), ("points_s", [0.01]), ("points_s", None), ("spread", None), ("spread", [0, 1]),
-    ("variant_block_s", []), ("variant_block_s", {"v": "slow"}), ("variant_extra_s", {"v": None}),
-    ("other", -1.0), ("elem_s", "tiny"), ("load", None), ("calibration_s", []),
+    ("measured_at", 0), ("flops_per_s", 0), ("flops_per_s", -1e9), ("flops_per_s", "fast"),
+    ("flops_per_s", None), ("flops_per_s", True), ("block_s", -66.6), ("block_s", "0.01"), ("block_s", [0.01]),
+    ("block_s", True), ("block_s", None), ("cell_s", {"s": 1}), ("cell_s", -1), ("low", 0), ("low", 1.5),
+    ("low", "x"), ("high", 0.5), ("high", None), ("threads", "1"), ("threads", 1.5), ("threads", 0),
+    ("threads", False), ("machine", 5), ("machine", None), ("format", 4), ("format", "5"), ("format", None),
 ]
 
 
 @pytest.mark.parametrize("field, value", WRONG_FIELDS, ids=[f"{f}={v!r}" for f, v in WRONG_FIELDS])
 def test_a_field_of_the_wrong_type_or_range_is_measured_again(cache, tmp_path, capsys, field, value):
     path, calls, entry = cache
-    path.write_text(json.dumps({KEY: [{**entry, field: value}]}))
+    path.write_text(json.dumps({KEY: {**entry, field: value}}))
     assert_measured_again(*dry_run(tmp_path, capsys), calls)
 
 
 NON_FINITE = ["NaN", "Infinity", "-Infinity"]
 
 
-@pytest.mark.parametrize("field", ["measured_at", "flops_per_s", "step_s", "cell_s", "eval_ratio"])
+@pytest.mark.parametrize("field", ["measured_at", "flops_per_s", "block_s", "cell_s", "low", "high"])
 @pytest.mark.parametrize("value", NON_FINITE)
 def test_a_non_finite_field_is_measured_again_never_an_estimate_of_nan_min(cache, tmp_path, capsys, field, value):
     """JSON has no NaN, but Python's reader takes NaN and Infinity: "about nan min" no more."""
     path, calls, entry = cache
-    path.write_text(json.dumps({KEY: [{**entry, field: 0.5}]}).replace("0.5", value))
+    path.write_text(json.dumps({KEY: {**entry, field: 0.5}}).replace("0.5", value))
     out, err = dry_run(tmp_path, capsys)
     assert_measured_again(out, err, calls)
     assert "nan" not in out and "inf" not in out
@@ -94,15 +89,15 @@ def test_a_non_finite_field_is_measured_again_never_an_estimate_of_nan_min(cache
 
 def test_a_missing_or_unknown_field_is_measured_again(cache, tmp_path, capsys):
     path, calls, entry = cache
-    path.write_text(json.dumps({KEY: [{k: v for k, v in entry.items() if k != "step_s"}]}))
+    path.write_text(json.dumps({KEY: {k: v for k, v in entry.items() if k != "block_s"}}))
     assert_measured_again(*dry_run(tmp_path, capsys), calls)
     calls.clear()
-    path.write_text(json.dumps({KEY: [{**entry, "bogus": 1}]}))
+    path.write_text(json.dumps({KEY: {**entry, "bogus": 1}}))
     assert_measured_again(*dry_run(tmp_path, capsys), calls)
 
 
-@pytest.mark.parametrize("text", ["not json", "[]", '"speed"', "null", '{KEY: {}}', '{KEY: "x"}', '{KEY: [[]]}',
-                                  '{KEY: [null]}', "\xff\xfe"])
+@pytest.mark.parametrize("text", ["not json", "[]", '"speed"', "null", '{KEY: {}}', '{KEY: "x"}', '{KEY: []}',
+                                  '{KEY: [{}]}', '{KEY: null}', "\xff\xfe"])
 def test_a_cache_that_is_not_an_object_of_lists_is_measured_again(cache, tmp_path, capsys, text):
     path, calls, _ = cache
     path.write_bytes(text.replace("KEY", json.dumps(KEY)).encode("latin-1"))
@@ -114,7 +109,7 @@ def test_a_link_to_dev_zero_is_not_read_and_is_replaced(cache, tmp_path, capsys)
     path.unlink()
     path.symlink_to("/dev/zero")
     assert_measured_again(*dry_run(tmp_path, capsys), calls)
-    assert not path.is_symlink() and json.loads(path.read_text())[KEY][-1]["threads"] == THREADS
+    assert not path.is_symlink() and json.loads(path.read_text())[KEY]["threads"] == THREADS
 
 
 def test_a_fifo_is_not_waited_on(cache, tmp_path, capsys):
@@ -127,7 +122,7 @@ def test_a_fifo_is_not_waited_on(cache, tmp_path, capsys):
 
 def test_a_folder_or_an_oversized_file_is_measured_again(cache, tmp_path, capsys):
     path, calls, entry = cache
-    path.write_text(json.dumps({KEY: [entry], "pad": "x" * speed.CACHE_LIMIT}))
+    path.write_text(json.dumps({KEY: entry, "pad": "x" * speed.CACHE_LIMIT}))
     assert_measured_again(*dry_run(tmp_path, capsys), calls)
     calls.clear()
     path.unlink()

@@ -162,7 +162,7 @@ def _write_text(path: Path, text: str) -> None:
 def estimate(plan: LadderPlan, workers: int, full: bool) -> list[str]:
     from ablate.commands.reproduce import estimate_gpu_hours, quick_seconds
 
-    from ablate.speed import grid_speed
+    from ablate.bench.estimate import grid_speed
 
     lines, total, span, source = [], 0.0, lambda seconds: "", ""
     for rung, grid, size in zip(plan.rungs, plan.grids, plan.sizes):
