@@ -3,7 +3,7 @@ through the training loop's own step (ablate.train.train_step). Steps a few mill
 see the same machine, so the ratio of the copies' summed step times is what differs between
 them, not the machine's load. Where the copies compute the same math their losses must be the
 same bits, and a round says whether they were. Used by `ablate bench --only probes`
-(bench/probe_cost.py) and `python -m ablate.kernels.cpu_mlp_bench`."""
+(bench/probe_cost.py) and `ablate bench --only cpu-mlp` (bench/cpu_kernels.py)."""
 from __future__ import annotations
 
 import contextlib
