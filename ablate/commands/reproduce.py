@@ -20,8 +20,8 @@ DEFAULT_ROOT = Path("runs") / "claims"
 # For the --full estimate: a bf16 GPU of the H100 class at a utilisation these small models
 # reach at best. Stated with the estimate, which is a lower bound on the time.
 ASSUMED_PEAK_FLOPS, ASSUMED_MFU = 990e12, 0.30
-# The --quick estimates come from this machine's measured speed (ablate/bench/estimate.py: a short
-# calibration, cached while the machine and its load stay as they were), not from a fit made on
+# The --quick estimates come from this machine's measured speed (ablate/bench/estimate.py: two short
+# cells timed, cached for 30 minutes on this CPU), not from a fit made on
 # another day's load. --quick runs QUICK_WORKERS cells at once.
 QUICK_WORKERS = 2
 
@@ -95,7 +95,7 @@ def quick_workers() -> int:
 
 def cell_seconds(cfg, speed=None) -> float:
     """One cell's estimated seconds alone on this machine at one worker's share of its cores
-    (`speed`: an ablate.speed.Speed; default this machine's, measured)."""
+    (`speed`: an ablate.bench.estimate.Speed; default this machine's, measured)."""
     from ablate.bench.estimate import machine_speed, threads_per_worker
 
     return (speed or machine_speed(threads_per_worker(quick_workers()))).cell_seconds(cfg)
