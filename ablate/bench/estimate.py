@@ -82,8 +82,9 @@ class Speed:
 
 def reference(threads: int = 1) -> Speed:
     """A fixed yardstick, not this machine: the claims' size budgets (tests) use it, where a
-    measurement would make them depend on the day's load. Fitted to the 229 cells of one
-    `ablate reproduce all --quick` on this project's 2-core machine, nothing else running."""
+    measurement would make them depend on the day's load. From a fit to the 229 cells of one
+    `ablate reproduce all --quick` on this project's 2-core machine with nothing else running
+    (RATE as fitted; BLOCK with the fit's per-step cost folded in at the claims' tiny x 12)."""
     return Speed(block_s=3.47e-3, flops_per_s=51.9e9, cell_s=0.0, low=1.0, high=1.0, threads=threads,
                  machine="reference", measured_at=None)
 
