@@ -41,13 +41,12 @@ def pytest_xdist_auto_num_workers(config):
 
 @pytest.fixture(autouse=True)
 def reference_speed(monkeypatch):
-    """Time estimates in tests use ablate.speed.reference, a fixed yardstick: a calibration
-    would take seconds (minutes on a loaded machine) and make sizes depend on the day's load,
-    and its cached figures would land in the user's cache. tests/test_speed.py measures."""
-    import ablate.speed
+    """Time estimates in tests use ablate.bench.estimate.reference, a fixed yardstick: a
+    calibration would take seconds (minutes on a loaded machine) and make sizes depend on the
+    day's load, and its cached figures would land in the user's cache. tests/test_speed.py measures."""
+    import ablate.bench.estimate as estimate
 
-    monkeypatch.setattr(ablate.speed, "machine_speed",
-                        lambda threads=1, quiet=False, variants=(): ablate.speed.reference(threads))
+    monkeypatch.setattr(estimate, "machine_speed", lambda threads=1, quiet=False: estimate.reference(threads))
 
 
 @pytest.fixture

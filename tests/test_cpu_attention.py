@@ -250,27 +250,6 @@ def test_a_pinned_copy_computes_every_call_the_backward_through_autograd_too(mon
     assert real("attention_bwd") is getattr(cpu_attention.library()[0], f"attention_bwd_{COPIES[0].isa}")
 
 
-def test_the_bench_prints_each_copy_and_torchs_attention(capsys):
-    from ablate.kernels import cpu_attention_bench
-
-    rows = cpu_attention_bench.bench((2, 2, 24, 16), rounds=2, calls=2)
-    names = {name for name, _, _ in rows}
-    assert names == {c.isa for c in COPIES if BLOCKED} | {"torch sdpa"}
-    assert all(len(values) == 2 and min(values) > 0 for _, _, values in rows)
-    assert cpu_attention_bench.main(["2", "3", "17", "8"]) == 0
-    out = capsys.readouterr().out
-    assert "batch 2, 3 heads, T 17, head dimension 8" in out and all(f"\n{name:<14} bwd" in out for name in names)
-
-
-@pytest.mark.parametrize("args", [["16", "4", "abc", "16"], ["16", "0", "64", "16"], ["16", "4", "64"]])
-def test_the_bench_refuses_a_bad_shape_in_one_line(args, capsys):
-    from ablate.kernels import cpu_attention_bench
-
-    assert cpu_attention_bench.main(args) == 2
-    captured = capsys.readouterr()
-    assert captured.out == "" and captured.err.count("\n") == 1 and "valid:" in captured.err
-
-
 def test_a_run_on_another_device_records_no_cpu_form_and_needs_no_compiler(tmp_path, monkeypatch):
     """A GPU run computes neither CPU kernel: resumed on a machine where they do not build, it
     is not refused, and nothing is compiled for it."""

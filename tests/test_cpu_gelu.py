@@ -212,27 +212,6 @@ def _stop_after(step, real, m):
     return lr_at
 
 
-def test_the_forms_bench_prints_every_form_and_torchs_gelus(capsys):
-    from ablate.kernels import cpu_gelu_bench
-
-    rows = cpu_gelu_bench.bench((4, 8), rounds=2, calls=2)
-    names = {name for name, _, _ in rows}
-    assert names == set(FUSED) | {"torch erf", "torch tanh"} | ({"poly + bias"} if "poly-bias" in FUSED else set())
-    assert all(len(values) == 2 and min(values) > 0 for _, _, values in rows)
-    assert cpu_gelu_bench.main(["3", "5"]) == 0
-    out = capsys.readouterr().out
-    assert "3 x 5 float32" in out and all(f"\n{name:<14} fwd" in out for name in names)
-
-
-@pytest.mark.parametrize("arg", ["abc", "0", "-3", "2.5"])
-def test_the_forms_bench_refuses_a_bad_dimension_in_one_line(arg, capsys):
-    from ablate.kernels import cpu_gelu_bench
-
-    assert cpu_gelu_bench.main(["4", arg]) == 2
-    captured = capsys.readouterr()
-    assert captured.out == "" and captured.err.count("\n") == 1 and repr(arg) in captured.err
-
-
 def _digest(*tensors: torch.Tensor) -> str:
     return hashlib.sha256(b"".join(t.contiguous().numpy().tobytes() for t in tensors)).hexdigest()[:16]
 
@@ -377,28 +356,6 @@ def test_dense_mlp_takes_both_layers_in_turn_where_the_kernel_does_not_apply():
             assert not cpu_gelu.handles_mlp(x, w, b, w2, b2[:-1])
             assert not cpu_gelu.handles_mlp(x, w, None, w2, b2)
     assert torch.equal(backend.dense_mlp("relu", x, w, b, w2, b2), F.linear(torch.relu(F.linear(x, w, b)), w2, b2))
-
-
-@needs_bias_form
-def test_the_mlp_bench_prints_each_round_and_finds_the_same_losses(capsys, threads):
-    """Two rounds of a 1-block `tiny` (the order of the sides alternating): a ratio per round, and
-    the losses of both sides the same bits (else the exit status is 1)."""
-    from ablate.kernels import cpu_mlp_bench
-
-    threads(2)  # the bench sets 1 thread itself
-    assert cpu_mlp_bench.main(["tiny", "1", "5", "2"]) == 0
-    out = capsys.readouterr().out
-    assert "tiny x 1 blocks, 2 rounds of 5 steps" in out and "round 2: " in out and "in place: " in out
-    assert "differ" not in out
-
-
-@pytest.mark.parametrize("args", [["huge"], ["tiny", "0"], ["tiny", "2", "3"], ["tiny", "x"], ["tiny", "1", "5", "2", "9"]])
-def test_the_mlp_bench_refuses_bad_arguments_in_one_line(args, capsys):
-    from ablate.kernels import cpu_mlp_bench
-
-    assert cpu_mlp_bench.main(args) == 2
-    captured = capsys.readouterr()
-    assert captured.out == "" and captured.err.count("\n") == 1 and "valid:" in captured.err
 
 
 def test_other_forms_and_other_inputs_take_the_linear_then_the_activation():

@@ -6,12 +6,12 @@ input-gradient and weight-gradient products) and at one large square size.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
 
 from ablate.bench.plain_gpt import PlainGPT
+from ablate.bench.timing import time_calls
 from ablate.sizes import ModelSize
 
 FLOPS_FORMULA = ("model FLOPs per token = 6 x N + 6 x n_layer x seq_len x d_model (forward + backward; "
@@ -62,18 +62,8 @@ def step_matmuls(size: ModelSize, tokens: int) -> list[Matmul]:
 
 def _seconds(fn, min_time: float = 0.05, rounds: int = 3) -> float:
     """Best time of one call over `rounds` rounds of at least `min_time` each: the peak."""
-    fn()  # warm-up: first-call allocation and dispatch
-    t0 = time.perf_counter()
-    fn()
-    one = max(time.perf_counter() - t0, 1e-7)
-    reps = max(1, int(min_time / one))
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / reps)
-    return best
+    one = max(min(time_calls(fn, 1)), 1e-7)  # after a warm-up call: first-call allocation and dispatch
+    return min(time_calls(fn, rounds, warmup=0, calls=max(1, int(min_time / one))))
 
 
 def sgemm_flops(m: int, k: int, n: int, device: str = "cpu") -> float:

@@ -14,9 +14,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from ablate.bench.timing import time_calls
 
 GRID_TOML = """name = "bench-scaling"
 [base]
@@ -32,11 +33,12 @@ seed = {seeds}
 
 
 def run_seconds(cmd: list[str], cwd: Path) -> float:
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr.strip()[-500:]}")
-    return time.perf_counter() - t0
+    def run():
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr.strip()[-500:]}")
+
+    return time_calls(run, repeats=1, warmup=0)[0]
 
 
 @dataclass

@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from ablate.bench.flops import flops_per_token
 from ablate.bench.grid_scaling import run_seconds as _run
 from ablate.bench.plain_gpt import plain_training_steps
 from ablate.bench.steps import BATCH, LR, SEED, harness_options
+from ablate.bench.timing import time_calls
 from ablate.cell import Cell
 from ablate.data import load_data
 from ablate.sizes import get_size
@@ -31,9 +31,8 @@ def startup_cost() -> dict:
         tmp = Path(tmp)
         cold = _run([sys.executable, "-m", "ablate", "train", "--steps", "1", "--quiet", "--out", str(tmp / "c")], tmp)
         imports = _run([sys.executable, "-c", "import ablate.train"], tmp)
-        t0 = time.perf_counter()
-        train(Cell.from_options({"model": "tiny", "steps": 1, "batch_size": BATCH}), tmp / "warm")
-        warm = time.perf_counter() - t0
+        warm = time_calls(lambda: train(Cell.from_options({"model": "tiny", "steps": 1, "batch_size": BATCH}),
+                                        tmp / "warm"), repeats=1, warmup=0)[0]
     return {"cold_process_s": cold, "import_s": imports, "warm_cell_s": warm}
 
 
@@ -149,12 +148,7 @@ def gpu_figures(steps: int = 30) -> list[dict]:
     size = get_size("andrea-120m")
     n = 4096
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(20):
-        a @ a
-    torch.cuda.synchronize()
-    peak = 20 * 2 * n**3 / (time.perf_counter() - t0)
+    peak = 2 * n**3 / min(time_calls(lambda: a @ a, repeats=3, calls=20, sync=torch.cuda.synchronize))
     rows = []
     for kernels in BACKENDS:
         for compiled in (False, True):

@@ -3,15 +3,15 @@ through the training loop's own step (ablate.train.train_step). Steps a few mill
 see the same machine, so the ratio of the copies' summed step times is what differs between
 them, not the machine's load. Where the copies compute the same math their losses must be the
 same bits, and a round says whether they were. Used by `ablate bench --only probes`
-(bench/probe_cost.py) and `python -m ablate.kernels.cpu_mlp_bench`."""
+(bench/probe_cost.py) and `ablate bench --only cpu-mlp` (bench/cpu_kernels.py)."""
 from __future__ import annotations
 
 import contextlib
-import time
 
 import torch
 
 from ablate import fpmode
+from ablate.bench.timing import time_calls
 
 WARM = 3  # steps of each round left out of its timing
 
@@ -42,24 +42,31 @@ def build_copy(plan, ops=None, probed: bool = False) -> tuple:
     return model, make_optimizer(model, cfg), probes
 
 
-def round_in_turn(plan, copies: list[tuple], first: int) -> tuple[list[float], bool]:
-    """Each copy's summed step seconds after the first WARM steps, copy `first` going first and
-    the order alternating, and whether every step's losses were the same bits."""
+def steps_in_turn(plan, copies: list[tuple], first: int, steps: int | None = None,
+                  before=lambda i: None) -> tuple[list[list[float]], list[list[float]]]:
+    """Each copy's seconds and loss a step for `steps` steps (the plan's), copy `first` going
+    first and the order alternating; before(i) runs untimed ahead of copy i's step."""
     from ablate.train import train_step
 
     cfg = plan.cfg
-    seconds, losses = [0.0] * len(copies), [[] for _ in copies]
+    seconds, losses = [[] for _ in copies], [[] for _ in copies]
     order = [first, *[i for i in range(len(copies)) if i != first]]
-    for step in range(cfg.steps):
+    for step in range(steps or cfg.steps):
         x, y = plan.data.batch("train", step, cfg.seed, cfg.batch_size, cfg.context, plan.device)
         for i in order:
             model, opt, probes = copies[i]
-            start = time.perf_counter()
-            loss = train_step(plan, model, model, opt, probes, step, x, y)[0]
-            seconds[i] += time.perf_counter() - start if step >= WARM else 0.0
-            losses[i].append(loss)
+            before(i)
+            seconds[i] += time_calls(lambda: losses[i].append(train_step(plan, model, model, opt, probes, step, x, y)[0]),
+                                     repeats=1, warmup=0)
         order.reverse()
-    return seconds, all(lost == losses[0] for lost in losses[1:])
+    return seconds, losses
+
+
+def round_in_turn(plan, copies: list[tuple], first: int) -> tuple[list[float], bool]:
+    """Each copy's summed step seconds after the first WARM steps (steps_in_turn), and whether
+    every step's losses were the same bits."""
+    seconds, losses = steps_in_turn(plan, copies, first)
+    return [sum(s[WARM:]) for s in seconds], all(lost == losses[0] for lost in losses[1:])
 
 
 @contextlib.contextmanager

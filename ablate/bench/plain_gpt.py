@@ -18,12 +18,13 @@ Nothing from ablate's model, kernels, probes or training loop is used here.
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ablate.bench.timing import time_calls
 
 GRAD_CLIP = 1.0  # nanoGPT's train.py default
 
@@ -139,7 +140,10 @@ class PlainLoop:
         self.batch = get_batch(tokens, batch_size, size.context, device)
 
     def step(self) -> float:
-        t0 = time.perf_counter()
+        """One iteration; its seconds (bench/timing.py)."""
+        return time_calls(self._iterate, repeats=1, warmup=0)[0]
+
+    def _iterate(self) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr  # constant, as the harness is run here
         _, loss = self.model(*self.batch)
@@ -150,7 +154,6 @@ class PlainLoop:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         loss.item()
-        return time.perf_counter() - t0
 
 
 def plain_training_steps(size, tokens: np.ndarray, steps: int, batch_size: int, lr: float, seed: int,

@@ -2,13 +2,11 @@
 unstable cells, in lockstep: two copies of one cell, same seed, same batches, train step for
 step in one process, one with subnormals flushed and one without, the setting switched in
 every torch thread before each step (ablate.fpmode). Steps a few milliseconds apart see the
-same machine, so the ratio of their summed times is the setting's, not the load's."""
+same machine, so the ratio of their summed times is the setting's, not the load's
+(bench/lockstep.py)."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-
-import torch
 
 from ablate import fpmode
 
@@ -42,43 +40,17 @@ def find_cell(grid_name: str, axes: dict):
 
 
 def lockstep_pair(cell, steps: int | None = None, threads: int = 1) -> Pair:
-    from ablate.train import make_optimizer, plan_run
+    """The cell twice through the training loop's own step, copy 0 flushing subnormals and copy
+    1 keeping them, the setting switched in every torch thread before each step."""
+    from ablate.bench.lockstep import build_copy, steps_in_turn, threads_and_flushing
+    from ablate.train import plan_run
 
     plan = plan_run(cell)
-    cfg, size, data = plan.cfg, plan.size, plan.data
-    steps = min(steps or cfg.steps, cfg.steps)
-    copies = []
-    for _ in range(2):
-        torch.manual_seed(cfg.seed)
-        from ablate.model import build_model
-
-        model = build_model(cfg.spec, size, plan.ops, plan.device, init=cfg.init_name)
-        copies.append((model, make_optimizer(model, cfg)))
-    from ablate.schedule import lr_at
-
-    times: list[list[float]] = [[], []]
-    last = [float("nan")] * 2
-    outer = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        for step in range(steps):
-            x, y = data.batch("train", step, cfg.seed, cfg.batch_size, cfg.context, plan.device)
-            for i in (step % 2, 1 - step % 2):  # take turns to go first
-                model, opt = copies[i]
-                fpmode.set_flush_denormal(i == 0)
-                t0 = time.perf_counter()
-                for group in opt.param_groups:
-                    group["lr"] = lr_at(step, cfg)
-                loss = model(x, y)[1]
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                last[i] = loss.item()
-                times[i].append(time.perf_counter() - t0)
-    finally:
-        fpmode.set_flush_denormal(False)
-        torch.set_num_threads(outer)
-    return Pair(cell.id, steps, times[0], times[1], (last[0], last[1]))
+    steps = min(steps or plan.cfg.steps, plan.cfg.steps)
+    with threads_and_flushing(threads):
+        seconds, losses = steps_in_turn(plan, [build_copy(plan), build_copy(plan)], 0, steps,
+                                        before=lambda i: fpmode.set_flush_denormal(i == 0))
+    return Pair(cell.id, steps, seconds[0], seconds[1], (losses[0][-1], losses[1][-1]))
 
 
 def describe(pairs: list[Pair]) -> str:

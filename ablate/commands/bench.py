@@ -1,12 +1,47 @@
-"""`ablate bench`: the harness's cost against a plain nanoGPT-style loop and against the
-machine's matmul peak, as tables to paste."""
+"""`ablate bench`: every measurement of the harness itself, as tables to paste: its cost
+against a plain nanoGPT-style loop and the machine's matmul peak, and the kernels against
+torch's ops (ablate/bench/)."""
 from __future__ import annotations
 
-PARTS = ("steps", "probes", "grid", "startup", "memory", "profile", "gpu", "subnormals")
+PARTS = ("steps", "probes", "grid", "startup", "memory", "profile", "gpu", "subnormals",
+         "kernels", "cpu-gelu", "cpu-attention", "cpu-mlp")
+OPT_IN = ("subnormals", "probes", "kernels", "cpu-gelu", "cpu-attention", "cpu-mlp")  # only when asked for
+
+
+def _parts(texts: list[str] | None) -> list[str] | None:
+    """The parts --only names (comma-separated, repeatable); ConfigError for one it does not know."""
+    from ablate.errors import ConfigError
+
+    if texts is None:
+        return None
+    parts = [p.strip() for text in texts for p in text.split(",") if p.strip()]
+    bad = [p for p in parts if p not in PARTS] or ([] if parts else [",".join(texts)])
+    if bad:
+        raise ConfigError(f"--only {bad[0]!r} is not a part; valid: {', '.join(PARTS)}")
+    return parts
+
+
+def _shape(text: str | None, parts: list[str]) -> tuple[int, ...] | None:
+    """--shape's dimensions; ConfigError unless positive integers (4 of them for cpu-attention)."""
+    from ablate.errors import ConfigError
+
+    if text is None:
+        return None
+    dims = text.split(",")
+    if not all(d.strip().isdigit() and int(d) > 0 for d in dims):
+        raise ConfigError(f"--shape {text!r}: valid: positive integers separated by commas, e.g. 16,64,256")
+    if "cpu-attention" in parts and len(dims) != 4:
+        raise ConfigError(f"--shape {text}: cpu-attention takes 4 dimensions; valid: batch,heads,context,head "
+                          "dimension, e.g. 16,4,64,16")
+    return tuple(int(d) for d in dims)
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--only", action="append", choices=PARTS, help="run only these parts (repeatable)")
+    p.add_argument("--only", action="append", metavar="PART[,PART]",
+                   help=f"run only these parts (repeatable): {', '.join(PARTS)}; "
+                        f"{', '.join(OPT_IN)} run only when named")
+    p.add_argument("--shape", help="cpu-gelu's tensor shape (default 16,64,256) or cpu-attention's "
+                                                "batch,heads,context,head dimension (default 16,4,64,16)")
     p.add_argument("--steps", type=int, default=60, help="training steps per timed run (default 60, at least 8)")
     p.add_argument("--repeats", type=int, default=5, help="interleaved repeats of each comparison (default 5; the grid scaling run does at most 2)")
     p.add_argument("--models", default="tiny,small", help="sizes for the step comparison (default tiny,small)")
@@ -58,9 +93,9 @@ def _run_parts(args, models: list[str], threads: int) -> int:
 
     import torch
 
-    # The subnormals and probes parts train models twice more (minutes): only when asked for.
-    parts = args.only or [p for p in PARTS if p not in ("subnormals", "probes")
-                          and (p != "gpu" or torch.cuda.is_available())]
+    # The opt-in parts train models twice more (minutes) or time kernels: only when asked for.
+    parts = _parts(args.only) or [p for p in PARTS if p not in OPT_IN and (p != "gpu" or torch.cuda.is_available())]
+    args.shape = _shape(args.shape, parts)
     load = ", load average {:.1f} {:.1f} {:.1f}".format(*os.getloadavg()) if hasattr(os, "getloadavg") else ""
     plural = "s" if threads != 1 else ""
     print(f"ablate bench ({threads} torch thread{plural}, {os.cpu_count()} cores{load}, torch {torch.__version__})\n")
@@ -100,7 +135,29 @@ def _run_parts(args, models: list[str], threads: int) -> int:
     if "profile" in parts:
         print()
         print(h.profile_steps(models[0], args.layers))
-    return 0
+    return _kernel_parts(args, parts, models)
+
+
+def _kernel_parts(args, parts: list[str], models: list[str]) -> int:
+    import argparse
+
+    from ablate.bench import cpu_kernels
+
+    if "cpu-gelu" in parts:
+        print(cpu_kernels.gelu(args.shape or cpu_kernels.GELU_SHAPE) + "\n", flush=True)
+    if "cpu-attention" in parts:
+        print(cpu_kernels.attention(args.shape or cpu_kernels.ATTENTION_SHAPE) + "\n", flush=True)
+    status = 0
+    if "cpu-mlp" in parts:
+        line, same = cpu_kernels.mlp(models[0], args.layers or 12, args.steps, args.repeats)
+        print(line, flush=True)
+        status = 0 if same else 1
+    if "kernels" in parts:  # `ablate kernels bench`'s defaults
+        from ablate.commands import kernels
+
+        status |= kernels.run(argparse.Namespace(action="bench", device=None, backends=None, rows=None, ops=None,
+                                                 repeats=max(args.repeats, 10), compile=True))
+    return status
 
 
 def _steps(args, models: list[str], threads: int) -> None:

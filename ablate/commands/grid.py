@@ -80,8 +80,8 @@ def list_grids() -> int:
 
 
 def estimate_line(grid, workers: int) -> str:
-    """The grid's estimated wall time on this machine with local workers (ablate/speed.py)."""
-    from ablate.speed import grid_seconds, grid_speed
+    """The grid's estimated wall time on this machine with local workers (ablate/bench/estimate.py)."""
+    from ablate.bench.estimate import grid_seconds, grid_speed
 
     workers = max(1, min(workers, len(grid.cells)))
     speed = grid_speed(grid, workers)

@@ -5,7 +5,7 @@ check  runs the parity suite (ablate/kernels/parity.py) for every GPU backend on
        Without a GPU, the Triton kernels run in Triton's interpreter on the CPU
        (TRITON_INTERPRET=1 is set before Triton loads) and `cuda` is reported unavailable.
 bench  times each op forward and forward + backward for PyTorch eager, torch.compile and the
-       kernel backends on the same inputs (ablate/kernels/bench.py).
+       kernel backends on the same inputs (ablate/bench/kernel_ops.py; also `ablate bench --only kernels`).
 """
 from __future__ import annotations
 
@@ -126,7 +126,8 @@ def _bench(args, device) -> int:
     names = _backend_names(args.backends, ",".join(GPU_BACKENDS)) if (args.backends or on_gpu) else []
     if names and not on_gpu:
         _interpret_triton_on_cpu(device)
-    from ablate.kernels import bench, parity
+    from ablate.bench import kernel_ops as bench
+    from ablate.kernels import parity
 
     loaded = parity.load_backends(names, device) if names else {}
     for n, b in loaded.items():

@@ -162,9 +162,9 @@ def _write_text(path: Path, text: str) -> None:
 def estimate(plan: LadderPlan, workers: int, full: bool) -> list[str]:
     from ablate.commands.reproduce import estimate_gpu_hours, quick_seconds
 
-    from ablate.speed import grid_speed
+    from ablate.bench.estimate import grid_speed
 
-    lines, total, span = [], 0.0, lambda seconds: ""
+    lines, total, span, source = [], 0.0, lambda seconds: "", ""
     for rung, grid, size in zip(plan.rungs, plan.grids, plan.sizes):
         if full:
             hours = estimate_gpu_hours(grid)
@@ -172,7 +172,7 @@ def estimate(plan: LadderPlan, workers: int, full: bool) -> list[str]:
             cost = f"{hours:.2f} GPU-hours at least"
         else:
             speed = grid_speed(grid, workers)
-            span = speed.span  # the calibrations' spread: the same for every rung
+            span, source = speed.span, speed.source()  # the same for every rung
             seconds = quick_seconds(grid, max(1, workers), speed)
             total += seconds
             cost = f"about {seconds / 60:.1f} min"
@@ -185,8 +185,7 @@ def estimate(plan: LadderPlan, workers: int, full: bool) -> list[str]:
         what = (f"{total:.2f} GPU-hours at least, at {ASSUMED_MFU:.0%} of a {ASSUMED_PEAK_FLOPS / 1e12:.0f} TFLOP/s "
                 "bf16 GPU (small models reach less, so expect more)")
     else:
-        what = (f"about {total / 60:.1f} min{span(total)} with {max(1, workers)} cells at once, at this machine's "
-                "speed measured under its present load")
+        what = f"about {total / 60:.1f} min{span(total)} with {max(1, workers)} cells at once, from {source}"
     lines.append(f"  total: {what}; before any move of a rung's sweep")
     return lines
 

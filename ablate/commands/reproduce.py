@@ -20,8 +20,8 @@ DEFAULT_ROOT = Path("runs") / "claims"
 # For the --full estimate: a bf16 GPU of the H100 class at a utilisation these small models
 # reach at best. Stated with the estimate, which is a lower bound on the time.
 ASSUMED_PEAK_FLOPS, ASSUMED_MFU = 990e12, 0.30
-# The --quick estimates come from this machine's measured speed (ablate/speed.py: a short
-# calibration, cached while the machine and its load stay as they were), not from a fit made on
+# The --quick estimates come from this machine's measured speed (ablate/bench/estimate.py: two short
+# cells timed, cached for 30 minutes on this CPU), not from a fit made on
 # another day's load. --quick runs QUICK_WORKERS cells at once.
 QUICK_WORKERS = 2
 
@@ -95,16 +95,16 @@ def quick_workers() -> int:
 
 def cell_seconds(cfg, speed=None) -> float:
     """One cell's estimated seconds alone on this machine at one worker's share of its cores
-    (`speed`: an ablate.speed.Speed; default this machine's, measured)."""
-    from ablate.speed import machine_speed, threads_per_worker
+    (`speed`: an ablate.bench.estimate.Speed; default this machine's, measured)."""
+    from ablate.bench.estimate import machine_speed, threads_per_worker
 
-    return (speed or machine_speed(threads_per_worker(quick_workers()), variants=[cfg.spec.id])).cell_seconds(cfg)
+    return (speed or machine_speed(threads_per_worker(quick_workers()))).cell_seconds(cfg)
 
 
 def quick_seconds(grid, workers: int = QUICK_WORKERS, speed=None) -> float:
     """Estimated wall time on this machine's CPUs with `workers` cells at once: an upper bound
     where cells diverge early. `speed`: as cell_seconds."""
-    from ablate.speed import grid_seconds
+    from ablate.bench.estimate import grid_seconds
 
     return grid_seconds(grid, workers, speed=speed)
 
@@ -120,13 +120,12 @@ def _minutes(seconds: float) -> str:
 def list_claims() -> int:
     from ablate.grids import load_grid
 
-    from ablate.speed import grid_variants, machine_speed, threads_per_worker
+    from ablate.bench.estimate import machine_speed, threads_per_worker
 
     claims = shipped_claims()
     grids = {name: load_grid(claim.grid) for name, claim in claims.items()}
-    variants = set().union(*map(grid_variants, grids.values()))
     # measured before the table, not inside it
-    speed = machine_speed(threads_per_worker(quick_workers()), variants=variants)
+    speed = machine_speed(threads_per_worker(quick_workers()))
     print("claims (ablate reproduce NAME [--quick|--full]; `all` runs every one):")
     print(f"  {'name':<18}{'grid':<26}{'cells':>6}{'quick (CPU)':>13}{'gpu cells':>10}{'full (GPU)':>12}  source")
     total = 0.0
@@ -218,12 +217,12 @@ def reproduce(claim, out: Path, scale: str, overrides: dict, args, grid=None):
         print(f"estimated GPU time: {estimate_gpu_hours(grid):.2f} GPU-hours at least ({ASSUMED_MFU:.0%} of a "
               f"{ASSUMED_PEAK_FLOPS / 1e12:.0f} TFLOP/s bf16 GPU; small models reach less, so expect more)", flush=True)
     else:
-        from ablate.speed import grid_speed
+        from ablate.bench.estimate import grid_speed
 
         speed = grid_speed(grid, workers)
         seconds = quick_seconds(grid, max(1, workers), speed)
         print(f"estimated time: about {_minutes(seconds)}{speed.span(seconds)} with {max(1, workers)} "
-              "cell(s) at once (this machine's speed, measured)", flush=True)
+              f"cell(s) at once ({speed.source()})", flush=True)
     t0 = time.time()
     status = run_grid(grid, out, GridRunOptions(workers=workers, quiet=args.quiet))
     if status == 2:

@@ -36,7 +36,8 @@ def pick_auto(device) -> str:
 
 
 def _pick(device: str) -> str:
-    from ablate.kernels import bench, parity
+    from ablate.bench import kernel_ops as bench
+    from ablate.kernels import parity
     from ablate.kernels.reference import ReferenceBackend
 
     details: dict = {"parity": {}, "seconds": {}, "skipped": {}}

@@ -1,4 +1,4 @@
-"""The kernel bench: per op, each implementation's time and achieved bandwidth, in one run.
+"""The kernel bench (`ablate bench --only kernels`, or `ablate kernels bench` with its flags): per op, each implementation's time and achieved bandwidth, in one run.
 
 Implementations: `eager` (the reference backend, i.e. PyTorch eager), `compile` (the reference
 ops under torch.compile, as the model would get with a compiled step), and the kernel backends
@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from dataclasses import dataclass
 
 import torch
 
+from ablate.bench.timing import time_calls
 from ablate.kernels import parity
 from ablate.kernels.reference import ReferenceBackend
 
@@ -90,16 +90,12 @@ class Timer:
         self._flush = torch.empty(256 << 20, dtype=torch.int8, device=self.device) if self.cuda else None
 
     def __call__(self, f) -> float:
-        """Median seconds of one call of f."""
+        """Median seconds of one call of f. On a GPU: CUDA events around each call after the L2
+        flush, so neither the flush nor the host's Python shows as GPU time."""
+        if not self.cuda:
+            return statistics.median(time_calls(f, self.repeats, self.warmup))
         for _ in range(self.warmup):
             f()
-        if not self.cuda:
-            times = []
-            for _ in range(self.repeats):
-                t0 = time.perf_counter()
-                f()
-                times.append(time.perf_counter() - t0)
-            return statistics.median(times)
         torch.cuda.synchronize(self.device)
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                   for _ in range(self.repeats)]
