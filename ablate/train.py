@@ -32,7 +32,7 @@ from ablate.probes import Probes
 from ablate.provenance import git_commit, machine_changed, machine_record, versions
 from ablate.rundir import (CHECKPOINT, COMPLETED, CONFIG, DIVERGED, METRICS, SUMMARY, differing, file_version,
                            finite_or_none, identity, read_json, replace_atomic, run_summary, write_json_atomic)
-from ablate.schedule import lr_at
+from ablate.lr import lr_at
 from ablate.sizes import ModelSize
 from ablate.variants import AXES, OPTIMIZERS
 

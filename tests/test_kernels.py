@@ -27,7 +27,7 @@ from ablate.kernels.reference import ReferenceBackend
 from ablate.model import build_model
 from ablate.sizes import get_size
 from ablate.variants import make_variant
-from ablate.variants.registry import ACTIVATIONS
+from ablate.variants.tables import ACTIVATIONS
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CUDA_DIR = Path(__file__).resolve().parents[1] / "ablate" / "kernels" / "cuda"

@@ -54,7 +54,7 @@ def lockstep_pair(cell, steps: int | None = None, threads: int = 1) -> Pair:
 
         model = build_model(cfg.spec, size, plan.ops, plan.device, init=cfg.init_name)
         copies.append((model, make_optimizer(model, cfg)))
-    from ablate.schedule import lr_at
+    from ablate.lr import lr_at
 
     times: list[list[float]] = [[], []]
     last = [float("nan")] * 2

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from ablate.kernels import cpu_attention, cpu_gelu
-from ablate.variants.registry import ACTIVATIONS
+from ablate.variants.tables import ACTIVATIONS
 
 
 class ReferenceBackend:
