@@ -406,7 +406,7 @@ def _block_seconds(variants: list[str | None], threads: int) -> dict[str | None,
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             cfgs = {v: resolve(_point_options(v)) for v in variants}
-            blocks = {v: Block(cfg.spec, cfg.size, get_backend("reference")) for v, cfg in cfgs.items()}
+            blocks = {v: Block(cfg.spec, cfg.size, get_backend("cpu")) for v, cfg in cfgs.items()}
             size = cfgs[variants[0]].size
             x = torch.randn(BATCH, size.context, size.d_model, requires_grad=True)
             grad = torch.randn(BATCH, size.context, size.d_model)

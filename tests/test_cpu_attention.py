@@ -278,7 +278,7 @@ def test_a_run_on_another_device_records_no_cpu_form_and_needs_no_compiler(tmp_p
 
     for kernel, _ in CPU_KERNELS.values():
         monkeypatch.setattr(kernel, "_lib", [(None, "no C compiler (a test)")])
-    recorded = {key: "blocked" if key == "attention_cpu" else "poly" for key in CPU_KERNELS}
-    assert _cpu_forms_for(recorded, tmp_path, torch.device("cuda")) == dict.fromkeys(CPU_KERNELS)
+    recorded = {key: "blocked" if key == "attention_cpu" else "poly-bias" for key in CPU_KERNELS}
+    assert _cpu_forms_for(recorded, tmp_path, torch.device("cuda"), "cuda") == dict.fromkeys(CPU_KERNELS)
     with pytest.raises(Exception, match="valid here"):  # on the CPU the same record is refused
-        _cpu_forms_for(recorded, tmp_path, torch.device("cpu"))
+        _cpu_forms_for(recorded, tmp_path, torch.device("cpu"), "cpu")

@@ -34,11 +34,11 @@ def _implementations(x: torch.Tensor, dy: torch.Tensor) -> dict[str, tuple]:
         return fwd, bwd
 
     def with_bias(fused):
-        """gelu(x + b) and its backward with the bias's gradient: one kernel, or poly and torch."""
+        """gelu(x + b) and its backward with the bias's gradient: one kernel, or the GELU kernel and torch."""
         b, db = torch.randn(x.shape[-1]), torch.empty(x.shape[-1])
 
         def fwd():
-            with cpu_gelu.using("poly-bias" if fused else "poly"):
+            with cpu_gelu.using("poly-bias"):
                 if not fused:
                     return cpu_gelu.gelu(x + b)
                 y = torch.empty_like(x)
@@ -47,7 +47,7 @@ def _implementations(x: torch.Tensor, dy: torch.Tensor) -> dict[str, tuple]:
 
         def bwd():
             dx = torch.empty_like(x)
-            with cpu_gelu.using("poly-bias" if fused else "poly"):
+            with cpu_gelu.using("poly-bias"):
                 if fused:
                     return cpu_gelu._bias_bwd(x, b, dy, dx, db)
                 cpu_gelu._call("bwd", x + b, dy, dx)
@@ -63,7 +63,7 @@ def _implementations(x: torch.Tensor, dy: torch.Tensor) -> dict[str, tuple]:
 
     forms = [f for f in cpu_gelu.available() if f != cpu_gelu.PASSES]
     impls = {f: with_bias(True) if f in cpu_gelu.BIAS_FORMS else form(f) for f in forms}
-    if "poly" in forms and set(forms) & set(cpu_gelu.BIAS_FORMS):
+    if set(forms) & set(cpu_gelu.BIAS_FORMS):
         impls["poly + bias"] = with_bias(False)
     impls["torch erf"], impls["torch tanh"] = torch_gelu("none"), torch_gelu("tanh")
     return impls
