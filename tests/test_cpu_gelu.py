@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from ablate.cli import main
 from ablate.kernels import cpu_gelu
 from ablate.kernels.cpu_build import cpu_has
-from ablate.kernels.reference import ReferenceBackend
+from ablate.kernels.cpu_backend import CpuBackend
 
 FUSED = [f for f in cpu_gelu.available() if f != cpu_gelu.PASSES]
 ARGS = ["train", "--quiet", "--steps", "6", "--batch-size", "2", "--seq-len", "16", "--eval-batches", "1",
@@ -37,7 +37,7 @@ def test_the_fused_gelu_matches_the_float64_reference(form, shape):
     (dref,) = torch.autograd.grad(ref, x64, dy.double())
     xf = x.clone().requires_grad_()
     with cpu_gelu.using(form):
-        y = ReferenceBackend().activation("gelu", xf)  # through the kernel interface
+        y = CpuBackend().activation("gelu", xf)  # through the kernel interface
     y.backward(dy)
     torch.testing.assert_close(y.double(), ref.detach(), atol=2e-6, rtol=2e-6)
     torch.testing.assert_close(xf.grad.double(), dref, atol=2e-5, rtol=1e-5)
@@ -261,7 +261,7 @@ def test_linear_gelu_matches_the_float64_reference(shape, cols):
     ours = [t.clone().requires_grad_() for t in (x, w, b)]
     with cpu_gelu.using(BIAS[0]):
         assert cpu_gelu.handles_linear(*ours)
-        y = ReferenceBackend().linear_activation("gelu", *ours)
+        y = CpuBackend().linear_activation("gelu", *ours)
     y.backward(dy)
     torch.testing.assert_close(y.double(), ref.detach(), atol=2e-6, rtol=2e-6)
     for got, want in zip(ours, ref64):
@@ -316,7 +316,7 @@ def test_dense_mlp_has_the_bits_of_its_two_layers_in_turn(threads, shape, hidden
     for n in (1, 2):
         threads(n)
         assert cpu_gelu.handles_mlp(x, w, b, w2, b2)
-        fused = _mlp_run(lambda *t: ReferenceBackend().dense_mlp("gelu", *t), (x, w, b, w2, b2), grad, frozen)
+        fused = _mlp_run(lambda *t: CpuBackend().dense_mlp("gelu", *t), (x, w, b, w2, b2), grad, frozen)
         apart = _mlp_run(_two_layers, (x, w, b, w2, b2), grad, frozen)
         for got, want in zip(fused, apart):
             assert (got is None and want is None) or torch.equal(got, want)
@@ -329,7 +329,7 @@ def test_dense_mlp_leaves_the_gradient_it_is_handed_as_it_was():
     x, w, b, w2, b2, grad = _mlp_case((4, 6, 8), 32)
     stream = torch.zeros_like(x, requires_grad=True)
     with cpu_gelu.using(BIAS[0]):
-        out = stream + ReferenceBackend().dense_mlp("gelu", x.requires_grad_(), w, b, w2, b2)
+        out = stream + CpuBackend().dense_mlp("gelu", x.requires_grad_(), w, b, w2, b2)
     assert type(out.grad_fn.next_functions[1][0]).__name__ == "_GeluBiasLinearBackward"
     kept = grad.clone()
     out.backward(grad)
@@ -338,7 +338,7 @@ def test_dense_mlp_leaves_the_gradient_it_is_handed_as_it_was():
 
 def test_dense_mlp_takes_both_layers_in_turn_where_the_kernel_does_not_apply():
     x, w, b, w2, b2, _ = _mlp_case((4, 6, 8), 32)
-    backend = ReferenceBackend()
+    backend = CpuBackend()
     for form in [f for f in cpu_gelu.available() if f not in cpu_gelu.BIAS_FORMS]:
         with cpu_gelu.using(form):
             assert not cpu_gelu.handles_mlp(x, w, b, w2, b2)
@@ -380,7 +380,7 @@ def test_other_forms_and_other_inputs_take_the_linear_then_the_activation():
     float32 on the CPU, or under autocast, linear_activation is F.linear then activation: the bits
     of every run made before the bias form."""
     x, w, b, _ = _linear_case((4, 6, 8), 32)
-    backend = ReferenceBackend()
+    backend = CpuBackend()
     for form in [f for f in cpu_gelu.available() if f not in cpu_gelu.BIAS_FORMS]:
         with cpu_gelu.using(form):
             assert not cpu_gelu.handles_linear(x, w, b)

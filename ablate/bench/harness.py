@@ -156,7 +156,7 @@ def gpu_figures(steps: int = 30) -> list[dict]:
     torch.cuda.synchronize()
     peak = 20 * 2 * n**3 / (time.perf_counter() - t0)
     rows = []
-    for kernels in BACKENDS:
+    for kernels in (k for k in BACKENDS if k != "cpu"):  # the GPU backends and reference
         for compiled in (False, True):
             options = {"model": "andrea-120m", "steps": steps, "batch_size": 8, "kernels": kernels,
                        "compile": compiled, "eval_every": steps, "eval_batches": 1, "checkpoint_every": steps}
