@@ -21,6 +21,7 @@ from ablate.registry import Registry
 # When a probe is measured: every logged step; the steps whose weights were copied before the
 # optimizer step (update ratios); the stability steps (every probe_every-th).
 WHEN = ("logged", "update", "stability")
+KINDS = ("attn", "mlp", "norm")  # a block's parameter groups, each with its gradient norm
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ declare("grad_norm", per_layer=False, doc="L2 norm of every gradient")
 declare("grad_norm/embed", per_layer=False, doc="L2 norm of the token and position embeddings' gradients")
 declare("grad_norm", per_layer=True, doc="L2 norm of each block's gradients",
         heatmap=Heatmap("gradient norm", "gradient norm (L2)", True))
-declare("grad_norm", per_layer=True, parts=("attn", "mlp", "norm"),
+declare("grad_norm", per_layer=True, parts=KINDS,
         doc="L2 norm of each block's attention, MLP and norm gradients")
 declare("act_norm", per_layer=True, doc="RMS of the residual stream after each block")
 declare("update_ratio", per_layer=True, when="update", doc="|update| / |weights before it|, per block")

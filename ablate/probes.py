@@ -22,10 +22,9 @@ import torch.nn.functional as F
 from types import SimpleNamespace
 
 from ablate.model import GPT
-from ablate.probe_registry import FUNCTIONS, Probe, check_attached, probe, probes
+from ablate.probe_registry import FUNCTIONS, KINDS, Probe, check_attached, probe, probes
 from ablate.rundir import finite_or_none
 
-KINDS = ("attn", "mlp", "norm")
 # Sequences of the batch the stability probes look at: enough positions for a stable mean, few
 # enough that their cost stays a small fraction of the batch's (and their T x T scores small).
 PROBE_SEQUENCES = 2
