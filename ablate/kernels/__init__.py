@@ -27,7 +27,7 @@ def _loaded_from(module: str) -> Callable[[], object]:
             imported = importlib.import_module(module)
         except ImportError as e:
             name = module.rsplit(".", 1)[-1].removesuffix("_backend")
-            raise ConfigError(f"kernels {name!r} is not available here ({e}); valid here: reference") from None
+            raise ConfigError(f"kernels {name!r} is not available here ({e}); valid here: reference, cpu") from None
         return imported.load()
     return load
 
