@@ -160,3 +160,14 @@ def test_a_run_made_with_a_retired_gelu_form_is_refused_in_one_line(tmp_path, mo
 
 def test_the_retired_forms_are_no_longer_forms():
     assert not set(cpu_gelu.RETIRED) & set(cpu_gelu.FORMS) and set(CPU_KERNELS) == {"gelu_cpu", "attention_cpu"}
+
+
+@needs_kernels
+def test_kernels_check_takes_the_cpu_backend_and_checks_its_own_ops(monkeypatch, capsys):
+    from ablate.cli import main
+
+    monkeypatch.setattr(parity, "QUICK_SHAPES", (((2, 3, 37), "strided"),))
+    assert main(["kernels", "check", "--quick", "--backends", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "attention" in out and "dense_mlp:gelu" in out and "layer_norm" not in out
+    assert f"{2 * len(parity.CPU_OPS)}/{2 * len(parity.CPU_OPS)} cases passed" in out

@@ -249,12 +249,17 @@ def load_backends(names=GPU_BACKENDS, device: str | None = None) -> dict[str, ob
     return out
 
 
+def ops_for(backend: str) -> tuple[str, ...]:
+    """The ops a backend is checked on: `cpu` on those it has kernels for (CPU_OPS)."""
+    return CPU_OPS if backend == "cpu" else OPS
+
+
 def run_suite(backends: dict[str, object], device: str, quick: bool = False, progress=None) -> list[Row]:
     rows = []
     for name, backend in backends.items():
         if isinstance(backend, str):
             continue
-        for case in cases(device, quick, CPU_OPS if name == "cpu" else OPS):
+        for case in cases(device, quick, ops_for(name)):
             row = run_case(backend, case, device)
             row.backend = name
             rows.append(row)
