@@ -9,16 +9,22 @@ copy before the optimizer step and one foreach subtraction after it.
 The stability probes (attention logits, output logits, rank collapse; see `Stability`) look
 at a few sequences of the batch on the steps the training loop asks for, and join the same
 single copy.
+
+Each probe is a function registered below with `@probe(name, per_layer=...)` (declared in
+ablate/probe_registry.py): it takes the step's shared measurements (a namespace of device
+tensors) and returns its values as one tensor; `measured` joins them with one `torch.cat`.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from types import SimpleNamespace
+
 from ablate.model import GPT
+from ablate.probe_registry import FUNCTIONS, KINDS, Probe, check_attached, probe, probes
 from ablate.rundir import finite_or_none
 
-KINDS = ("attn", "mlp", "norm")
 # Sequences of the batch the stability probes look at: enough positions for a stable mean, few
 # enough that their cost stays a small fraction of the batch's (and their T x T scores small).
 PROBE_SEQUENCES = 2
@@ -70,27 +76,19 @@ class Probes:
         # groups gradients by device and dtype, then takes one _foreach_norm per group).
         self.norms_clip = len({(p.device, p.dtype) for p in self.params}) == 1 and \
             len(self.params) == len(list(model.parameters()))
-        self.names = self._names()
-        self.update_names = [f"update_ratio/layer_{i}" for i in range(self.n_layer)]
-
-    def _names(self) -> list[str]:
-        L = range(self.n_layer)
-        return (
-            ["grad_norm", "grad_norm/embed"]
-            + [f"grad_norm/layer_{i}" for i in L]
-            + [f"grad_norm/layer_{i}/{k}" for i in L for k in KINDS]
-            + [f"act_norm/layer_{i}" for i in L]
-        )
+        self.names = metric_names("logged", self.n_layer)
+        self.update_names = metric_names("update", self.n_layer)
 
     @torch.no_grad()
-    def grad_norms(self) -> torch.Tensor:
-        """[total, embed, layer_0..L-1, layer_i/kind...] as one device tensor."""
+    def grad_norms(self) -> SimpleNamespace:
+        """The gradients' squared norms (one `_foreach_norm`), per parameter (`grad_sq`), per
+        bucket (`bucket_sq`) and per block and kind (`kinds_sq`, layers x KINDS): the logged
+        probes' inputs, taken before clipping changes the gradients."""
         grads = [p.grad for p in self.params]
         self.norms = torch._foreach_norm(grads)
         sq = torch.stack(self.norms).float().square()
         per_bucket = torch.zeros(self.n_buckets, device=sq.device).index_add_(0, self.bucket, sq)
-        kinds = per_bucket[1:-1].view(self.n_layer, 3)
-        return torch.cat([sq.sum().view(1), per_bucket[:1], kinds.sum(1), kinds.flatten()]).sqrt()
+        return SimpleNamespace(grad_sq=sq, bucket_sq=per_bucket, kinds_sq=per_bucket[1:-1].view(self.n_layer, 3))
 
     @torch.no_grad()
     def before_step(self) -> None:
@@ -102,25 +100,26 @@ class Probes:
         self._copied = True
 
     @torch.no_grad()
-    def update_ratios(self) -> torch.Tensor:
-        """|update| / |weights before the update|, per block."""
+    def update_inputs(self) -> SimpleNamespace:
+        """The update probes' inputs: each block weight's squared update (`update_sq`) and squared
+        norm before it (`weight_sq`), with its layer (`block_layer`)."""
         torch._foreach_sub_(self._before, self.block_params)  # in place: the buffer now holds -update
         d2 = torch.stack(torch._foreach_norm(self._before)).float().square()
-        zeros = torch.zeros(self.n_layer, device=d2.device)
-        return (zeros.index_add(0, self.block_layer, d2) / zeros.index_add(0, self.block_layer, self._weight_sq)).sqrt()
+        return SimpleNamespace(update_sq=d2, weight_sq=self._weight_sq, block_layer=self.block_layer,
+                               n_layer=self.n_layer)
 
-    def collect(self, loss: torch.Tensor, grad_norms: torch.Tensor, act_norms: list[torch.Tensor],
+    def collect(self, loss: torch.Tensor, grad_norms: SimpleNamespace, act_norms: list[torch.Tensor],
                 stream_elements: int, stability: torch.Tensor | None = None) -> tuple[float, dict]:
         """One device-to-host copy for everything logged this step. `act_norms` are the L2
         norms of the residual stream after each block; over `stream_elements` they are RMS.
         `stability`: this step's `Stability.measure`, on the steps that probe it. Update ratios
         come on the steps whose weights before_step copied (the probe steps: the copy of every
         block weight is the per-layer metrics' largest cost)."""
-        act_rms = torch.stack(act_norms).float() * stream_elements**-0.5
-        parts = [loss.detach().float().view(1), grad_norms, act_rms]
+        logged = SimpleNamespace(**vars(grad_norms), act_rms=torch.stack(act_norms).float() * stream_elements**-0.5)
+        parts = [loss.detach().float().view(1), *measured("logged", logged)]
         names = self.names
         if self._copied:
-            parts.append(self.update_ratios())
+            parts.extend(measured("update", self.update_inputs()))
             names = names + self.update_names
             self._copied = False
         if stability is not None:
@@ -160,9 +159,7 @@ class Stability:
         self.stream_in: list[torch.Tensor | None] = [None]  # the first block's input (the embeddings)
         self.block_out: list[torch.Tensor | None] = [None] * n
         self._handles: list | None = None  # the capture hooks, while attached
-        self.names = ([f"attn_logit_max/layer_{i}" for i in range(n)] + [f"attn_entropy/layer_{i}" for i in range(n)]
-                      + [f"cos_sim/layer_{i}" for i in range(n)] + [f"block_change/layer_{i}" for i in range(n)]
-                      + ["logit_lse", "logit_max"])
+        self.names = metric_names("stability", n)
 
     @property
     def capture(self) -> bool:
@@ -230,13 +227,12 @@ class Stability:
         chunk = max(1, SCORES_PER_CHUNK // (n * heads * T * T))  # layers whose scores are formed at once
         stats = [attention_logit_stats(torch.stack([q for q, _ in qk[i:i + chunk]]),
                                        torch.stack([k for _, k in qk[i:i + chunk]])) for i in range(0, len(qk), chunk)]
-        logits = logits[:PROBE_SEQUENCES].detach().float()
-        block_out, stream_in = torch.stack(self.block_out), torch.stack(self.stream_in + self.block_out[:-1])
+        inputs = SimpleNamespace(logit_max=torch.cat([m for m, _ in stats]), entropy=torch.cat([e for _, e in stats]),
+                                 logits=logits[:PROBE_SEQUENCES].detach().float(), block_out=torch.stack(self.block_out),
+                                 stream_in=torch.stack(self.stream_in + self.block_out[:-1]))
         for kept in (self.qkv_out, self.stream_in, self.block_out):  # in place: the hooks hold these lists
             kept[:] = [None] * len(kept)  # used once: an unarmed later step cannot measure this one's
-        return torch.cat([*(m for m, _ in stats), *(e for _, e in stats),
-                          mean_cosine_similarity(block_out), relative_change(stream_in, block_out),
-                          torch.stack([output_log_partition(logits), logits.amax()])])
+        return torch.cat(measured("stability", inputs))
 
 
 def attention_logit_stats(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -281,3 +277,88 @@ def output_log_partition(logits: torch.Tensor) -> torch.Tensor:
     """Mean over positions of log Z = logsumexp of the output logits (z-loss's quantity)."""
     return torch.logsumexp(logits.float(), dim=-1).mean()
 
+
+
+def metric_names(when: str, n_layer: int) -> list[str]:
+    """The names of the values `measured(when, ...)` returns, in their order."""
+    return [name for p in probes(when) for name in p.metric_names(n_layer)]
+
+
+def measured(when: str, inputs: SimpleNamespace) -> list[torch.Tensor]:
+    """Every `when` probe's values, in declaration order: the caller joins them in one cat."""
+    return [_checked(p, FUNCTIONS[p.key](inputs)) for p in probes(when)]
+
+
+def _checked(p: Probe, values: torch.Tensor) -> torch.Tensor:
+    if values.dim() != 1:  # a 0-d value would be joined as nothing: its name would take the next one's
+        raise ValueError(f"probe {p.key!r} returned shape {tuple(values.shape)}; valid: one dimension")
+    return values
+
+
+# ------------------------------------------------------------------------------ the probes
+# Each takes the namespace its `when` passes (see probe_registry.WHEN): `logged` has grad_sq,
+# bucket_sq, kinds_sq (Probes.grad_norms) and act_rms; `update` has Probes.update_inputs;
+# `stability` has Stability.measure's logit_max, entropy, logits, block_out and stream_in.
+
+@probe("grad_norm", per_layer=False)
+def grad_norm_total(s) -> torch.Tensor:
+    return s.grad_sq.sum().view(1).sqrt()
+
+
+@probe("grad_norm/embed", per_layer=False)
+def grad_norm_embed(s) -> torch.Tensor:
+    return s.bucket_sq[:1].sqrt()
+
+
+@probe("grad_norm", per_layer=True)
+def grad_norm_per_layer(s) -> torch.Tensor:
+    return s.kinds_sq.sum(1).sqrt()
+
+
+@probe("grad_norm", per_layer=True, parts=KINDS)
+def grad_norm_per_kind(s) -> torch.Tensor:
+    return s.kinds_sq.flatten().sqrt()
+
+
+@probe("act_norm", per_layer=True)
+def act_norm(s) -> torch.Tensor:
+    return s.act_rms
+
+
+@probe("update_ratio", per_layer=True)
+def update_ratio(s) -> torch.Tensor:
+    zeros = torch.zeros(s.n_layer, device=s.update_sq.device)
+    return (zeros.index_add(0, s.block_layer, s.update_sq) / zeros.index_add(0, s.block_layer, s.weight_sq)).sqrt()
+
+
+@probe("attn_logit_max", per_layer=True)
+def attn_logit_max(s) -> torch.Tensor:
+    return s.logit_max
+
+
+@probe("attn_entropy", per_layer=True)
+def attn_entropy(s) -> torch.Tensor:
+    return s.entropy
+
+
+@probe("cos_sim", per_layer=True)
+def cos_sim(s) -> torch.Tensor:
+    return mean_cosine_similarity(s.block_out)
+
+
+@probe("block_change", per_layer=True)
+def block_change(s) -> torch.Tensor:
+    return relative_change(s.stream_in, s.block_out)
+
+
+@probe("logit_lse", per_layer=False)
+def logit_lse(s) -> torch.Tensor:
+    return output_log_partition(s.logits).view(1)
+
+
+@probe("logit_max", per_layer=False)
+def logit_max(s) -> torch.Tensor:
+    return s.logits.amax().view(1)
+
+
+check_attached()

@@ -32,7 +32,7 @@ from ablate.probes import Probes
 from ablate.provenance import git_commit, machine_changed, machine_record, versions
 from ablate.rundir import (CHECKPOINT, COMPLETED, CONFIG, DIVERGED, METRICS, SUMMARY, differing, file_version,
                            finite_or_none, identity, read_json, replace_atomic, run_summary, write_json_atomic)
-from ablate.schedule import lr_at
+from ablate.lr import lr_at
 from ablate.sizes import ModelSize
 from ablate.variants import AXES, OPTIMIZERS
 
@@ -131,7 +131,11 @@ def _plan_into(cell, plan: RunPlan, run_dir: Path) -> None:
     plan.recorded_version = file_version(run_dir / CONFIG)  # before reading: a later write reads as changed
     plan.recorded = old = _read_config(run_dir)
     if old is not None:
-        _refuse_another_run(run_dir, old, run_config(cell, plan.cfg, plan.size, plan.data, plan.device, plan.ops.name))
+        kernels = recorded_kernels(old)
+        if plan.ops.name == "reference" and kernels == "cpu" and plan.cfg.kernels == old.get("train", {}).get("kernels"):
+            plan.ops = get_backend("cpu", str(plan.device))  # the same request resumes as it ran (recorded_kernels)
+        _refuse_another_run(run_dir, _by_todays_names(old),
+                            run_config(cell, plan.cfg, plan.size, plan.data, plan.device, plan.ops.name))
     plan.threads = _threads_for(cell, plan.cfg, old, run_dir)
     plan.flush = _flush_for(cell, plan.cfg, old, run_dir)
 
@@ -155,6 +159,24 @@ def check_data_fits(data: TokenData, seq_len: int) -> None:
 
 # The CPU kernels whose form a run records and keeps: config.json key -> (kernel, what it computes).
 CPU_KERNELS = {"gelu_cpu": (cpu_gelu.KERNEL, "GELU"), "attention_cpu": (cpu_attention.KERNEL, "attention")}
+# Forms of earlier runs this code no longer computes: a run made with one is refused, not resumed.
+RETIRED_FORMS = {"gelu_cpu": cpu_gelu.RETIRED}
+
+
+def recorded_kernels(config: dict) -> str | None:
+    """The kernel backend a config.json's run trained with, by today's names. Before the `cpu`
+    backend, `reference` ran the CPU kernels on a CPU, as `cpu` does now (a run with forms
+    recorded, or one made before the kernels, whose torch fallbacks `cpu` keeps computing);
+    a `reference` run of today records no forms (None)."""
+    kernels = config.get("kernels")
+    if kernels == "reference" and str(config.get("device", "")).startswith("cpu") and \
+            any(config.get(key, "unrecorded") is not None for key in CPU_KERNELS):
+        return "cpu"
+    return kernels
+
+
+def _by_todays_names(config: dict) -> dict:
+    return {**config, "kernels": recorded_kernels(config)}
 
 
 def run_config(cell, cfg: TrainConfig, size: ModelSize, data: TokenData, device: torch.device, kernels: str,
@@ -282,19 +304,24 @@ def _flush_for(cell, cfg: TrainConfig, old: dict | None, run_dir: Path) -> bool:
     return recorded
 
 
-def _cpu_forms_for(old: dict | None, run_dir: Path, device: torch.device) -> dict[str, str | None]:
+def _cpu_forms_for(old: dict | None, run_dir: Path, device: torch.device, kernels: str) -> dict[str, str | None]:
     """The forms of the CPU kernels to train with, by config.json key (ablate/kernels/cpu_build.py).
     A form fixes its op's last bits, so a run keeps the forms it started with; a config.json
     without one was written before that kernel, by its torch fallback. A form this machine
-    cannot compute (no compiler, another CPU) is refused: the run would not continue on its own
-    bits. A run on another device computes none of them (None: nothing built, nothing refused)."""
-    if device.type != "cpu":
+    cannot compute (no compiler, another CPU), or one retired (RETIRED_FORMS), is refused: the
+    run would not continue on its own bits. A run on another device or another backend than
+    `cpu` computes none of them (None: nothing built, nothing refused)."""
+    if device.type != "cpu" or kernels != "cpu":
         return dict.fromkeys(CPU_KERNELS)
     if old is None:
         return {key: kernel.best() for key, (kernel, _) in CPU_KERNELS.items()}
     forms = {}
     for key, (kernel, what) in CPU_KERNELS.items():
         recorded = old.get(key) or kernel.fallback
+        if recorded in RETIRED_FORMS.get(key, ()):
+            raise ConfigError(f"{run_dir} holds a run whose {what} was computed as {recorded!r}, a form this "
+                              f"version of ablate no longer computes; valid: remove that folder to train it again "
+                              f"(as {kernel.best()!r})")
         if recorded not in (here := kernel.available()):
             raise ConfigError(f"{run_dir} holds a run whose {what} was computed as {recorded!r}, which this machine "
                               f"cannot compute ({kernel.library()[1] or 'another CPU'}); valid here: "
@@ -316,13 +343,15 @@ def check_existing_run(cell, run_dir: str | Path) -> None:
     size, data = _size_and_data(cfg)
     device = requested_device(cfg)  # a finished cpu run and `--device cuda` differ even where no GPU is
     kernels = cfg.kernels
-    if kernels == "auto":
+    if kernels == old.get("train", {}).get("kernels"):
         # The same request: `auto` may pick another backend on another machine, but a
         # finished run is not run again to find out. Otherwise resolve it as a run would.
+        kernels = recorded_kernels(old)
+    elif kernels == "auto":
         from ablate.kernels.select import pick_auto
 
-        kernels = old.get("kernels") if old.get("train", {}).get("kernels") == "auto" else pick_auto(str(device))
-    _refuse_another_run(run_dir, old, run_config(cell, cfg, size, data, device, kernels))
+        kernels = pick_auto(str(device))
+    _refuse_another_run(run_dir, _by_todays_names(old), run_config(cell, cfg, size, data, device, kernels))
     _threads_for(cell, cfg, old, run_dir)
     _flush_for(cell, cfg, old, run_dir)
 
@@ -453,7 +482,7 @@ def train(cell, run_dir: str | Path, quiet: bool = True, plan: RunPlan | None = 
         plan = plan_run(cell, run_dir=run_dir)
     elif plan.run_dir != run_dir:
         raise ValueError(f"the plan was made for {plan.run_dir}, not {run_dir}: plan_run(cell, execution, run_dir)")
-    forms = _cpu_forms_for(plan.recorded, run_dir, plan.device)
+    forms = _cpu_forms_for(plan.recorded, run_dir, plan.device, plan.ops.name)
     outer_threads, outer_flush = torch.get_num_threads(), fpmode.main_thread_flushing()
     torch.set_num_threads(plan.threads)
     fpmode.apply(plan.flush)  # after the thread count: it reaches every thread the run will use

@@ -1,7 +1,7 @@
 """The axes of a block variant, each declared once: its name, default, help, valid values and
 how it shows in a variant id. Everything else derives from this tuple: the VariantSpec's
 fields and the defaults (ablate/variants/spec.py), the registries of values
-(ablate/variants/registry.py), the per-axis options (ablate/config.py) and the columns analysis
+(ablate/variants/tables.py), the per-axis options (ablate/config.py) and the columns analysis
 reads from config.json (analysis/load.py).
 
 Standard library only: analysis reads it without importing torch.

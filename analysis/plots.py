@@ -38,6 +38,7 @@ from ablate.analysis.load import SETTING_KEYS, VARIANT_AXES, layer_columns  # no
 from ablate.analysis.metrics import PHASES  # noqa: E402
 from ablate.analysis.safe_files import replace_atomic  # noqa: E402
 from ablate.analysis.stats import MEAN_INTERVAL_RULE  # noqa: E402
+from ablate.probe_registry import layer_heatmaps  # noqa: E402
 from ablate.rundir import COMPLETED, DIVERGED, RUNNING
 
 PANEL_SIZE = (4.6, 3.2)  # inches per facet panel
@@ -46,13 +47,10 @@ HEATMAP_CMAP = "viridis"
 PHASE_TITLES = {"init": "at initialisation", "mid": "mid-run", "end": "at the end"}
 ENTROPY_COLOUR = "#555555"
 RAW_ALPHA = 0.25  # the unsmoothed curve, drawn faintly behind the smoothed one
-# Per-layer heatmaps drawn side by side: metric -> (title, colour-bar label, log colour scale).
+# Per-layer heatmaps drawn side by side: probe -> (title, colour-bar label, log colour scale), for
+# every per-layer probe that declares a heatmap (ablate/probe_registry.py).
 PROBE_TITLE_SIZE = 8
-LAYER_HEATMAPS = {
-    "grad_norm": ("gradient norm", "gradient norm (L2)", True),
-    "attn_logit_max": ("attention logit max", "max q.k/sqrt(d_head)", False),
-    "cos_sim": ("token cosine similarity", "mean pairwise cosine (1 = rank collapse)", False),
-}
+LAYER_HEATMAPS = {name: (h.title, h.label, h.log) for name, h in layer_heatmaps().items()}
 
 
 def unigram_entropies(cells: pd.DataFrame) -> list[float]:

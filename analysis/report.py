@@ -8,6 +8,7 @@ Everything is computed (and bad input refused) before anything is written.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import shutil
@@ -20,6 +21,7 @@ import pandas as pd
 
 from ablate.analysis import plots
 from ablate.analysis.plot_jobs import run_plot_jobs
+from ablate.analysis.report_plots import REPORT_PLOTS
 from ablate.analysis.analyse import Analysis, Settings, analyse
 from ablate.analysis.load import FINISHED
 from ablate.analysis.lr_sensitivity import sweep_table
@@ -82,25 +84,17 @@ def _move_plots(fresh: Path, plots_dir: Path) -> None:
 
 
 def make_plots(analysis: Analysis, out_dir: Path, dpi: int = 120, processes: int | None = None) -> list[plots.Plot]:
-    """Every plot the runs have data for (per-layer ones need probes), with one Style, the
+    """Every registered report plot (analysis/report_plots.py) the runs have data for (per-layer
+    ones need probes), with one Style, the
     kinds drawn side by side in forked processes (analysis/plot_jobs.py; `processes=1`: here,
     one after another, and the figures are kept)."""
     runs, metrics = analysis.runs, analysis.metrics
     if metrics.empty:
         return []
     style = plots.make_style(metrics, runs.option_axes)
-    # (job, its share of the drawing: measured on prenorm-wins's 42 cells, in one process)
-    jobs = [
-        (lambda: plots.plot_loss_curves(runs.steps, metrics, out_dir, style, dpi=dpi), 11),
-        (lambda: plots.plot_final_loss(metrics, analysis.summary, out_dir, style, analysis.settings.last_k,
-                                       dpi=dpi), 5),
-        (lambda: plots.plot_lr_sensitivity(analysis.lr_sweeps, metrics, out_dir, style, dpi=dpi), 3),
-        (lambda: plots.plot_grad_heatmaps(runs.steps, metrics, out_dir, style, dpi=dpi), 14),
-        (lambda: plots.plot_probe_heatmaps(runs.steps, metrics, out_dir, style, dpi=dpi), 37),
-        (lambda: plots.plot_grad_profiles(analysis.grad_profiles, metrics, out_dir, style, dpi=dpi), 22),
-        (lambda: plots.plot_residual_rms(analysis.act_profiles, metrics, out_dir, style, dpi=dpi), 7),
-    ]
-    drawn = run_plot_jobs([job for job, _ in jobs], processes, costs=[cost for _, cost in jobs])
+    registered = REPORT_PLOTS.values()
+    jobs = [functools.partial(p.draw, analysis, style, out_dir, dpi) for p in registered]
+    drawn = run_plot_jobs(jobs, processes, costs=[p.cost for p in registered])
     return [p for p in drawn if p is not None]
 
 

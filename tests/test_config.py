@@ -114,7 +114,7 @@ import torch
 from ablate.checks import positive
 from ablate.variants import OPTIMIZERS
 from ablate.variants.optimizers import ADAM_OPTIONS, decay_groups
-from ablate.variants.registry import ComponentOption
+from ablate.variants.tables import ComponentOption
 
 
 @OPTIMIZERS.register("adamw_eps", options=(*ADAM_OPTIONS, ComponentOption("eps", float, 1e-8, "Adam epsilon", positive)))

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from ablate.cli import main
 from ablate.kernels import cpu_attention
 from ablate.kernels.cpu_build import cpu_has
-from ablate.kernels.reference import ReferenceBackend
+from ablate.kernels.cpu_backend import CpuBackend
 from ablate.sizes import get_size
 from tests.interrupting import interrupted_at
 
@@ -32,7 +32,7 @@ def through_the_kernel(q, k, v, dout):
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     with cpu_attention.using("blocked"):
         assert cpu_attention.handles(*leaves)
-        out = ReferenceBackend().attention(*leaves)  # the kernel interface the model calls
+        out = CpuBackend().attention(*leaves)  # the kernel interface the model calls
     out.backward(dout)
     return out.detach(), [t.grad for t in leaves]
 
@@ -193,7 +193,7 @@ def test_the_sdpa_form_is_torchs_attention_bit_for_bit():
     q, k, v = heads(2, 4, 64, 16)
     with cpu_attention.using(cpu_attention.SDPA):
         assert not cpu_attention.handles(q, k, v)
-        out = ReferenceBackend().attention(q, k, v)
+        out = CpuBackend().attention(q, k, v)
     assert torch.equal(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
 
 
@@ -257,7 +257,7 @@ def test_a_run_on_another_device_records_no_cpu_form_and_needs_no_compiler(tmp_p
 
     for kernel, _ in CPU_KERNELS.values():
         monkeypatch.setattr(kernel, "_lib", [(None, "no C compiler (a test)")])
-    recorded = {key: "blocked" if key == "attention_cpu" else "poly" for key in CPU_KERNELS}
-    assert _cpu_forms_for(recorded, tmp_path, torch.device("cuda")) == dict.fromkeys(CPU_KERNELS)
+    recorded = {key: "blocked" if key == "attention_cpu" else "poly-bias" for key in CPU_KERNELS}
+    assert _cpu_forms_for(recorded, tmp_path, torch.device("cuda"), "cuda") == dict.fromkeys(CPU_KERNELS)
     with pytest.raises(Exception, match="valid here"):  # on the CPU the same record is refused
-        _cpu_forms_for(recorded, tmp_path, torch.device("cpu"))
+        _cpu_forms_for(recorded, tmp_path, torch.device("cpu"), "cpu")

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from ablate.cli import main
 from ablate.kernels import cpu_gelu
 from ablate.kernels.cpu_build import cpu_has
-from ablate.kernels.reference import ReferenceBackend
+from ablate.kernels.cpu_backend import CpuBackend
 
 FUSED = [f for f in cpu_gelu.available() if f != cpu_gelu.PASSES]
 ARGS = ["train", "--quiet", "--steps", "6", "--batch-size", "2", "--seq-len", "16", "--eval-batches", "1",
@@ -37,7 +37,7 @@ def test_the_fused_gelu_matches_the_float64_reference(form, shape):
     (dref,) = torch.autograd.grad(ref, x64, dy.double())
     xf = x.clone().requires_grad_()
     with cpu_gelu.using(form):
-        y = ReferenceBackend().activation("gelu", xf)  # through the kernel interface
+        y = CpuBackend().activation("gelu", xf)  # through the kernel interface
     y.backward(dy)
     torch.testing.assert_close(y.double(), ref.detach(), atol=2e-6, rtol=2e-6)
     torch.testing.assert_close(xf.grad.double(), dref, atol=2e-5, rtol=1e-5)
@@ -68,7 +68,7 @@ def test_its_bits_do_not_depend_on_the_thread_count(threads):
     assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
 
 
-@pytest.mark.skipif("poly" not in cpu_gelu.available(), reason="no poly form here")
+@pytest.mark.skipif("poly-bias" not in cpu_gelu.available(), reason="no poly-bias form here")
 def test_polys_threads_compute_in_the_callers_flush_to_zero_mode(threads):
     """Subnormal inputs read as 0 on the calling thread (a run's flush_denormal) must on the
     kernel's other threads too, or an element's bits would depend on the thread computing it."""
@@ -76,7 +76,7 @@ def test_polys_threads_compute_in_the_callers_flush_to_zero_mode(threads):
     x[4096:] *= 1e-39  # the blocks a second thread takes: subnormal
     dy = torch.ones_like(x)
     threads(2)
-    with cpu_gelu.using("poly"):
+    with cpu_gelu.using("poly-bias"):
         cpu_gelu.gelu(x)  # the kernel's threads start (a new thread inherits its maker's mode)
         assert torch.set_flush_denormal(True), "this CPU cannot flush subnormals"
         try:
@@ -93,12 +93,12 @@ def test_polys_threads_compute_in_the_callers_flush_to_zero_mode(threads):
     assert (out[0][0][4096:] == 0).all()  # read as 0 on every thread
 
 
-POLY_COPIES = [c for c in cpu_gelu.FORMS["poly"] if cpu_has(*c.needs)]
+POLY_COPIES = [c for c in cpu_gelu.FORMS["poly-bias"] if cpu_has(*c.needs)]
 
 
 @pytest.mark.skipif(len(POLY_COPIES) < 2 or cpu_gelu.library()[0] is None, reason="needs AVX-512 and AVX2 copies")
 def test_polys_copies_for_each_instruction_set_give_the_same_bits():
-    """`poly` is one form whichever vector width computes it: a run resumes on another CPU."""
+    """`poly-bias` is one form whichever vector width computes it: a run resumes on another CPU."""
     torch.manual_seed(1)
     x = torch.cat([torch.randn(50_000) * 4, torch.randn(5_000) * 30, torch.tensor([9.5, -9.5, 9.4999, 1e-38, -3e-39])])
     dy = torch.randn_like(x)
@@ -111,39 +111,13 @@ def test_polys_copies_for_each_instruction_set_give_the_same_bits():
     assert all(torch.equal(a, b) for a, b in zip(outs[0], outs[1]))
 
 
-@pytest.mark.skipif("poly" not in cpu_gelu.available(), reason="no poly form here")
+@pytest.mark.skipif("poly-bias" not in cpu_gelu.available(), reason="no poly-bias form here")
 def test_polys_gradient_is_the_functions_far_out():
     """Past |x| = 9.5 the derivative is 1 or 0: no NaN from x^3 overflowing at 1e20."""
     x = torch.tensor([1e20, -1e20, 50.0, -50.0, 9.6, -9.6]).requires_grad_()
-    with cpu_gelu.using("poly"):
+    with cpu_gelu.using("poly-bias"):
         cpu_gelu.gelu(x).sum().backward()
     assert x.grad.tolist() == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
-
-
-OLDER_FORMS = [f for f in ("poly", "fused-avx2") if f in cpu_gelu.available() and f != cpu_gelu.KERNEL.best()]
-
-
-@pytest.mark.skipif(not OLDER_FORMS, reason="no older fused form here")
-@pytest.mark.parametrize("older", OLDER_FORMS)
-def test_a_run_started_on_an_older_form_resumes_on_it_bit_for_bit(older, tmp_path, monkeypatch):
-    """Runs made while an older form was the best (poly on 2026-12-02, fused-avx2 the day
-    before) keep it; a new run takes today's best."""
-    import ablate.train
-
-    monkeypatch.setattr(cpu_gelu.KERNEL, "best", lambda: older)  # a new run as on that day
-    assert main([*ARGS, "--out", str(tmp_path / "ref")]) == 0
-    with monkeypatch.context() as m:
-        m.setattr(ablate.train, "lr_at", _stop_after(2, ablate.train.lr_at, m))
-        assert main([*ARGS, "--out", str(tmp_path / "cut")]) == 130
-    monkeypatch.undo()
-    assert cpu_gelu.KERNEL.best() != older
-    assert main([*ARGS, "--out", str(tmp_path / "cut")]) == 0
-    (config,) = (tmp_path / "cut").glob("*/config.json")
-    assert json.loads(config.read_text())["gelu_cpu"] == older
-    assert rows(config.parent) == rows(next((tmp_path / "ref").iterdir()))
-    assert main([*ARGS, "--out", str(tmp_path / "new")]) == 0  # and a new run takes the best form
-    (new,) = (tmp_path / "new").glob("*/config.json")
-    assert json.loads(new.read_text())["gelu_cpu"] == cpu_gelu.KERNEL.best()
 
 
 def rows(run_dir):
@@ -266,7 +240,7 @@ def test_linear_gelu_matches_the_float64_reference(shape, cols):
     ours = [t.clone().requires_grad_() for t in (x, w, b)]
     with cpu_gelu.using(BIAS[0]):
         assert cpu_gelu.handles_linear(*ours)
-        y = ReferenceBackend().linear_activation("gelu", *ours)
+        y = CpuBackend().linear_activation("gelu", *ours)
     y.backward(dy)
     torch.testing.assert_close(y.double(), ref.detach(), atol=2e-6, rtol=2e-6)
     for got, want in zip(ours, ref64):
@@ -321,7 +295,7 @@ def test_dense_mlp_has_the_bits_of_its_two_layers_in_turn(threads, shape, hidden
     for n in (1, 2):
         threads(n)
         assert cpu_gelu.handles_mlp(x, w, b, w2, b2)
-        fused = _mlp_run(lambda *t: ReferenceBackend().dense_mlp("gelu", *t), (x, w, b, w2, b2), grad, frozen)
+        fused = _mlp_run(lambda *t: CpuBackend().dense_mlp("gelu", *t), (x, w, b, w2, b2), grad, frozen)
         apart = _mlp_run(_two_layers, (x, w, b, w2, b2), grad, frozen)
         for got, want in zip(fused, apart):
             assert (got is None and want is None) or torch.equal(got, want)
@@ -334,7 +308,7 @@ def test_dense_mlp_leaves_the_gradient_it_is_handed_as_it_was():
     x, w, b, w2, b2, grad = _mlp_case((4, 6, 8), 32)
     stream = torch.zeros_like(x, requires_grad=True)
     with cpu_gelu.using(BIAS[0]):
-        out = stream + ReferenceBackend().dense_mlp("gelu", x.requires_grad_(), w, b, w2, b2)
+        out = stream + CpuBackend().dense_mlp("gelu", x.requires_grad_(), w, b, w2, b2)
     assert type(out.grad_fn.next_functions[1][0]).__name__ == "_GeluBiasLinearBackward"
     kept = grad.clone()
     out.backward(grad)
@@ -343,7 +317,7 @@ def test_dense_mlp_leaves_the_gradient_it_is_handed_as_it_was():
 
 def test_dense_mlp_takes_both_layers_in_turn_where_the_kernel_does_not_apply():
     x, w, b, w2, b2, _ = _mlp_case((4, 6, 8), 32)
-    backend = ReferenceBackend()
+    backend = CpuBackend()
     for form in [f for f in cpu_gelu.available() if f not in cpu_gelu.BIAS_FORMS]:
         with cpu_gelu.using(form):
             assert not cpu_gelu.handles_mlp(x, w, b, w2, b2)
@@ -363,7 +337,7 @@ def test_other_forms_and_other_inputs_take_the_linear_then_the_activation():
     float32 on the CPU, or under autocast, linear_activation is F.linear then activation: the bits
     of every run made before the bias form."""
     x, w, b, _ = _linear_case((4, 6, 8), 32)
-    backend = ReferenceBackend()
+    backend = CpuBackend()
     for form in [f for f in cpu_gelu.available() if f not in cpu_gelu.BIAS_FORMS]:
         with cpu_gelu.using(form):
             assert not cpu_gelu.handles_linear(x, w, b)
@@ -404,7 +378,7 @@ def test_poly_bias_bits_are_those_it_first_computed_on_every_copy(copy):
 
 @pytest.mark.skipif(cpu_gelu.library()[0] is None, reason="no C kernel builds here")
 def test_a_kernel_whose_sources_define_no_copy_of_a_symbol_is_not_built():
-    """Sources may each define some symbols (gelu_tanh.c has no bias functions), but a symbol no
+    """Sources may each define some symbols, but a symbol no
     copy defines is a mistake, refused at build rather than met at a training step."""
     from ablate.kernels.cpu_build import CpuKernel
 
@@ -413,4 +387,4 @@ def test_a_kernel_whose_sources_define_no_copy_of_a_symbol_is_not_built():
     lib, why = kernel.library()
     assert lib is None and "gelu_nowhere" in why
     assert kernel.available() == [cpu_gelu.PASSES]
-    assert len(kernel.copies) == len({c.isa for c in kernel.copies})  # poly-bias and poly share their copies
+    assert len(kernel.copies) == len({c.isa for c in kernel.copies})  # one copy per instruction set

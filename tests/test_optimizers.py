@@ -7,7 +7,7 @@ import torch
 from ablate.config import resolve
 from ablate.errors import ConfigError
 from ablate.model import build_model
-from ablate.schedule import lr_at
+from ablate.lr import lr_at
 from ablate.variants import OPTIMIZERS
 from ablate.variants.optimizers import is_hidden_matrix
 

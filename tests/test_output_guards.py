@@ -117,4 +117,4 @@ def test_cells_trained_under_other_settings_are_never_paired_with_the_baseline(t
 def test_grid_kernels_flag_names_itself_in_its_error(tmp_path):
     rc, _, err = ablate("grid", grid_file(tmp_path, "g"), "--kernels", "fast", "--dry-run")
     assert rc == 2 and err.strip() == ("ablate grid: error: --kernels 'fast' is not a kernel backend; "
-                                       "valid: reference, triton, cuda, auto")
+                                       "valid: reference, cpu, triton, cuda, auto")

@@ -39,7 +39,7 @@ def test_a_registry_raises_its_own_kind_of_error():
     assert issubclass(VariantError, RegistryError) and issubclass(RegistryError, ValueError)
     with pytest.raises(VariantError, match="unknown optimizer 'x'"):
         OPTIMIZERS.get("x")
-    with pytest.raises(ConfigError, match="unknown kernels 'x'; valid: reference, triton, cuda, auto"):
+    with pytest.raises(ConfigError, match="unknown kernels 'x'; valid: reference, cpu, triton, cuda, auto"):
         get_backend("x")
 
 
@@ -47,7 +47,7 @@ def test_every_kind_of_registered_thing_uses_the_one_registry():
     for registry in (PLACEMENTS, NORMS, ACTIVATIONS, MLPS, PRESETS, INITS, OPTIMIZERS, SCHEDULES, KERNEL_BACKENDS,
                      RUN_BACKENDS, COMMANDS, MEASURES, PLOTS):
         assert isinstance(registry, Registry) and len(registry) > 0, registry.axis
-    assert {"reference", "triton", "cuda"} == set(KERNEL_BACKENDS)
+    assert {"reference", "cpu", "triton", "cuda"} == set(KERNEL_BACKENDS)
     assert {"local", "ray", "slurm"} == set(RUN_BACKENDS)
     assert backend_class("local").__name__ == "LocalBackend"
     assert type(get_backend("reference")).__name__ == "ReferenceBackend"

@@ -2,7 +2,7 @@
 import pytest
 
 from ablate.config import resolve
-from ablate.schedule import lr_at
+from ablate.lr import lr_at
 
 
 def test_wsd_gives_the_specified_lr_at_chosen_steps():

@@ -87,7 +87,7 @@ def test_every_design_metric_is_logged_for_every_layer(tmp_path):
     assert parts <= r["grad_norm"] ** 2 * (1 + 1e-5)
     config = json.loads((run_dir / "config.json").read_text())
     assert config["data"]["fingerprint"].startswith("sha256:")
-    assert config["kernels"] == "reference" and config["variant"]["id"] == "pre.layernorm.gelu.dense.res"
+    assert config["kernels"] == "cpu" and config["variant"]["id"] == "pre.layernorm.gelu.dense.res"
 
 
 def test_huge_learning_rate_diverges_as_a_result(tmp_path):

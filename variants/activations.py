@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ablate.variants.registry import ACTIVATIONS
+from ablate.variants.tables import ACTIVATIONS
 
 # GELU's tanh approximation: 0.5x(1 + tanh(u)) with u = sqrt(2/pi)(x + 0.044715x^3). Since
 # 0.5(1 + tanh(u)) = sigmoid(2u), it is also x * sigmoid(x * (_K + _KC * x^2)).

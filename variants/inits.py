@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ablate.variants.placements import deepnorm_constants
-from ablate.variants.registry import INITS, PLACEMENTS
+from ablate.variants.tables import INITS, PLACEMENTS
 
 STD = 0.02  # GPT-2's
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ablate.variants.registry import MLPS
+from ablate.variants.tables import MLPS
 
 
 def gated_hidden(dense_hidden: int) -> int:

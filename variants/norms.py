@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ablate.variants.registry import NORMS
+from ablate.variants.tables import NORMS
 
 
 class Norm(nn.Module):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from ablate.checks import beta
-from ablate.variants.registry import OPTIMIZERS, ComponentOption
+from ablate.variants.tables import OPTIMIZERS, ComponentOption
 
 BETA1 = ComponentOption("beta1", float, 0.9, "Adam beta1", beta)
 BETA2 = ComponentOption("beta2", float, 0.95, "Adam beta2", beta)

@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ablate.variants.registry import PLACEMENTS
+from ablate.variants.tables import PLACEMENTS
 
 
 class Placement(nn.Module):

@@ -1,5 +1,5 @@
 """Named variants. A preset is just a spec under a memorable name."""
-from ablate.variants.registry import PRESETS
+from ablate.variants.tables import PRESETS
 from ablate.variants.spec import make_variant
 
 PRESETS.register("gpt2")(make_variant())  # the ANDREA-120M / GPT-2 block

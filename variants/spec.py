@@ -7,7 +7,7 @@ from dataclasses import asdict, field, make_dataclass
 from typing import Any, Iterator, Mapping
 
 from ablate.variant_axes import AXES, DEFAULTS, DECLARED_AXES, Axis
-from ablate.variants.registry import AXIS_VALUES, MLPS, PLACEMENTS, PRESETS, VariantError
+from ablate.variants.tables import AXIS_VALUES, MLPS, PLACEMENTS, PRESETS, VariantError
 
 QK_NONE = DEFAULTS["qk_norm"]  # no norm on queries and keys; any other qk_norm value is a registered norm type
 _TRUE, _FALSE = ("true", "1", "yes", "res", "on"), ("false", "0", "no", "nores", "off")

@@ -112,7 +112,7 @@ def check_local_devices(grid) -> None:
             continue
         seen.add(key)
         device = pick_device(cfg)
-        if cfg.kernels in ("triton", "cuda"):  # `auto` always resolves to something that runs
+        if cfg.kernels in ("cpu", "triton", "cuda"):  # `auto` always resolves to something that runs
             get_backend(cfg.kernels, str(device))  # as the cell's own plan_run will
 
 

@@ -69,9 +69,9 @@ def _gelu_form(cpu_gelu, name, x, dy):
 
 
 def _gelu_with_bias(cpu_gelu, fused: bool, x, dy):
-    """gelu(x + b) and its backward with the bias's gradient: one kernel, or poly and torch."""
+    """gelu(x + b) and its backward with the bias's gradient: one kernel, or the GELU kernel and torch."""
     b, db = torch.randn(x.shape[-1]), torch.empty(x.shape[-1])
-    form = "poly-bias" if fused else "poly"
+    form = "poly-bias"
 
     def fwd():
         with cpu_gelu.using(form):
@@ -100,7 +100,7 @@ def gelu(shape: tuple[int, ...] = GELU_SHAPE, rounds: int = ROUNDS, calls: int =
     forms = [f for f in cpu_gelu.available() if f != cpu_gelu.PASSES]
     impls = {f: _gelu_with_bias(cpu_gelu, True, x, dy) if f in cpu_gelu.BIAS_FORMS else _gelu_form(cpu_gelu, f, x, dy)
              for f in forms}
-    if "poly" in forms and set(forms) & set(cpu_gelu.BIAS_FORMS):
+    if set(forms) & set(cpu_gelu.BIAS_FORMS):
         impls["poly + bias"] = _gelu_with_bias(cpu_gelu, False, x, dy)
     for name, approximate in (("torch erf", "none"), ("torch tanh", "tanh")):
         impls[name] = ((lambda a=approximate: F.gelu(x, approximate=a)),
@@ -149,9 +149,9 @@ def mlp(size: str, blocks: int | None, steps: int, rounds: int) -> tuple[str, bo
     whether every round's losses were the same bits)."""
     from ablate.bench.lockstep import build_copy, plan_for, round_in_turn, threads_and_flushing
     from ablate.kernels import cpu_gelu
-    from ablate.kernels.reference import ReferenceBackend
+    from ablate.kernels.cpu_backend import CpuBackend
 
-    class TwoLayers(ReferenceBackend):
+    class TwoLayers(CpuBackend):
         def dense_mlp(self, name, x, weight, bias, weight2, bias2):
             return F.linear(self.linear_activation(name, x, weight, bias), weight2, bias2)
 
@@ -162,7 +162,7 @@ def mlp(size: str, blocks: int | None, steps: int, rounds: int) -> tuple[str, bo
     with threads_and_flushing(1):
         plan = plan_for(size, blocks, steps, 1, False)
         for r in range(rounds):
-            seconds, alike = round_in_turn(plan, [build_copy(plan, ReferenceBackend()), build_copy(plan, TwoLayers())],
+            seconds, alike = round_in_turn(plan, [build_copy(plan, CpuBackend()), build_copy(plan, TwoLayers())],
                                            r % 2)
             ratios.append(seconds[1] / seconds[0])
             same &= alike

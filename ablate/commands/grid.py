@@ -30,7 +30,7 @@ def add_arguments(p) -> None:
                         "are listed with their sha256 and refused; --dry-run lists them without running them)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override an option in every cell, e.g. --set steps=5 (repeatable)")
-    p.add_argument("--kernels", metavar="K", help="kernel backend for every cell: reference, triton, cuda or auto")
+    p.add_argument("--kernels", metavar="K", help="kernel backend for every cell: reference, cpu, triton, cuda or auto")
     add_execution_arguments(p)
 
 

@@ -4,6 +4,7 @@ check  runs the parity suite (ablate/kernels/parity.py) for every GPU backend on
        and prints op x backend: max relative error and pass/fail; exit status 1 on any failure.
        Without a GPU, the Triton kernels run in Triton's interpreter on the CPU
        (TRITON_INTERPRET=1 is set before Triton loads) and `cuda` is reported unavailable.
+       `--backends cpu` checks the `cpu` backend on the ops it has C kernels for, as `auto` does.
 bench  times each op forward and forward + backward for PyTorch eager, torch.compile and the
        kernel backends on the same inputs (ablate/bench/kernel_ops.py; also `ablate bench --only kernels`).
 """
@@ -20,7 +21,8 @@ def add_arguments(p) -> None:
     c = sub.add_parser("check", help="parity of every kernel backend with reference (float64)",
                        description="Run the parity suite: each backend's ops, forward and backward, against "
                                    "`reference` evaluated in float64, on many shapes, float32 and bfloat16.")
-    c.add_argument("--backends", default=",".join(GPU_BACKENDS), help="comma-separated (default: triton,cuda)")
+    c.add_argument("--backends", default=",".join(GPU_BACKENDS),
+                   help="comma-separated, of triton, cuda, cpu (default: triton,cuda)")
     c.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when present, else cpu)")
     c.add_argument("--quick", action="store_true", help="two shapes per op instead of the full suite")
     c.add_argument("--verbose", "-v", action="store_true", help="one line per case")
@@ -55,13 +57,13 @@ def _device(arg):
     return str(d)
 
 
-def _backend_names(arg, default):
+def _backend_names(arg, default, valid=GPU_BACKENDS):
     from ablate.errors import ConfigError
 
     names = [n.strip() for n in (arg or default).split(",") if n.strip()]
-    bad = [n for n in names if n not in GPU_BACKENDS]
+    bad = [n for n in names if n not in valid]
     if bad:
-        raise ConfigError(f"unknown kernel backend {bad[0]!r}; valid: {', '.join(GPU_BACKENDS)}")
+        raise ConfigError(f"unknown kernel backend {bad[0]!r}; valid: {', '.join(valid)}")
     return names
 
 
@@ -81,7 +83,7 @@ def run(args) -> int:
 
 
 def _check(args, device) -> int:
-    names = _backend_names(args.backends, ",".join(GPU_BACKENDS))
+    names = _backend_names(args.backends, ",".join(GPU_BACKENDS), (*GPU_BACKENDS, "cpu"))  # cpu: its own ops' cases
     interpreted = _interpret_triton_on_cpu(device)
     from ablate.kernels import parity
 
@@ -91,8 +93,9 @@ def _check(args, device) -> int:
     notes = []
     if "triton" in running and interpreted:
         notes.append("triton runs in Triton's interpreter on the CPU (TRITON_INTERPRET=1)")
-    print(f"ablate kernels check on {device}: {len(parity.cases(device, args.quick))} cases per backend "
-          f"({', '.join(running) or 'none runnable'})" + (f"; {'; '.join(notes)}" if notes else ""), flush=True)
+    counts = ", ".join(f"{len(parity.cases(device, args.quick, parity.ops_for(n)))} for {n}" for n in running)
+    print(f"ablate kernels check on {device}: cases {counts or 'none (no backend runnable)'}"
+          + (f"; {'; '.join(notes)}" if notes else ""), flush=True)
 
     def progress(row):
         if args.verbose:

@@ -6,7 +6,7 @@ from ablate.model import build_model
 from ablate.sizes import get_size
 from ablate.variant_axes import DECLARED_AXES
 from ablate.variants import INITS, OPTIMIZERS, PRESETS, SCHEDULES, all_variants
-from ablate.variants.registry import AXIS_VALUES
+from ablate.variants.tables import AXIS_VALUES
 
 # (name, registry, values valid besides the registered ones): each variant axis with registered
 # values (ablate/variant_axes.py), then what trains the block

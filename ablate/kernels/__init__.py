@@ -2,9 +2,11 @@
 
 Every backend offers: activation(name, x), gated(gate_act, gate, up), layer_norm,
 rms_norm, add_layer_norm, add_rms_norm (residual add fused with the norm after it).
-`reference` is plain PyTorch and always available; `triton` and `cuda` are registered here by
-the module that defines them, imported (and built) only when asked for. `auto` resolves to the
-fastest backend verified on the device. A plugin registers its own in KERNEL_BACKENDS.
+`reference` is plain PyTorch and always available; `cpu` is reference with the CPU's C kernels
+(GELU, attention; cpu_backend.py); `triton` and `cuda` are registered here by the module that
+defines them, imported (and built) only when asked for. `auto` resolves to the fastest backend
+verified on the device (on a CPU: `cpu`, once it passes the parity suite). A plugin registers its
+own in KERNEL_BACKENDS.
 """
 from __future__ import annotations
 
@@ -25,12 +27,13 @@ def _loaded_from(module: str) -> Callable[[], object]:
             imported = importlib.import_module(module)
         except ImportError as e:
             name = module.rsplit(".", 1)[-1].removesuffix("_backend")
-            raise ConfigError(f"kernels {name!r} is not available here ({e}); valid here: reference") from None
+            raise ConfigError(f"kernels {name!r} is not available here ({e}); valid here: reference, cpu") from None
         return imported.load()
     return load
 
 
 KERNEL_BACKENDS.register("reference", ReferenceBackend)
+KERNEL_BACKENDS.register("cpu", _loaded_from("ablate.kernels.cpu_backend"))
 KERNEL_BACKENDS.register("triton", _loaded_from("ablate.kernels.triton_backend"))
 KERNEL_BACKENDS.register("cuda", _loaded_from("ablate.kernels.cuda_backend"))
 BACKENDS = tuple(KERNEL_BACKENDS)  # the built-in ones
@@ -50,4 +53,7 @@ def get_backend(name: str = "reference", device: str = "cpu"):
         from ablate.kernels.select import pick_auto
 
         name = pick_auto(device)
+    if name == "cpu" and not str(device).startswith("cpu"):
+        raise ConfigError(f"kernels 'cpu' runs on the CPU only, not on {device}; valid there: "
+                          f"{', '.join(k for k in kernel_choices() if k != 'cpu')}")
     return KERNEL_BACKENDS.get(name)()

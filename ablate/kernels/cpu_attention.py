@@ -1,6 +1,6 @@
 """Causal self-attention on the CPU, forward and backward, in a C kernel (cpu/attention.c) built
-with the system's C compiler at first use and cached, called through ctypes: the reference
-backend's `attention` on float32 CPU tensors (ablate/kernels/reference.py).
+with the system's C compiler at first use and cached, called through ctypes: the `cpu`
+backend's `attention` on float32 CPU tensors (ablate/kernels/cpu_backend.py).
 
 Why: at the harness's CPU sizes (head dimension 16, context 64) torch's CPU flash-attention
 kernel reaches about a tenth of the matmul peak, and attention was a fifth of a `tiny` step:

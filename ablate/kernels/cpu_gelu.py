@@ -1,7 +1,7 @@
 """GPT-2's tanh-GELU on the CPU in one pass forward and one backward: small C kernels
-(cpu/gelu_tanh_poly.c, cpu/gelu_tanh.c) built with the system's C compiler at first use and
-cached, called through ctypes; the reference backend's `gelu` on float32 CPU tensors
-(ablate/kernels/reference.py).
+(cpu/gelu_tanh_poly.c) built with the system's C compiler at first use and
+cached, called through ctypes; the `cpu` backend's `gelu` on float32 CPU tensors
+(ablate/kernels/cpu_backend.py).
 
 Why: torch's CPU tanh-GELU is four elementwise passes forward and five backward in the form
 variants/activations.py uses (torch's own kernel is slower still), while the erf GELU of
@@ -10,23 +10,18 @@ block's deficit against nanoGPT's model (issue #29).
 
 Forms. Which code computed a run's GELU is part of its bits, so a run records its form
 (config.json `gelu_cpu`) and keeps it when resumed (ablate.train). Best first:
-  poly-bias   `poly`, and the dense MLP's first layer adds its bias in the kernel: torch's matmul
-              without the bias, then gelu(h + b) forward and, backward, the bias's gradient in
-              the same pass as the activation's (`linear_gelu`). torch's addmm first copies the
-              bias into every row of its output, and its backward sums the gradient's columns
-              in a pass of its own: a `tiny` x 12 step ran 1.012x as fast as with `poly` (with
-              c_fc's bias left out altogether, 1.024x). Other GELUs (a gated MLP's gate) are
-              `poly`'s bits. Its own bits differ from `poly` + addmm in the bias's gradient
-              (another summation order) and, where torch's matmul splits a long inner
-              dimension, in h + b.
-  poly        gelu_tanh_poly.c: its own inlined exponential, IEEE operations and explicit
-              fused multiply-adds, so its AVX-512 and AVX2 copies give the same bits (the
-              faster one the CPU has is used); on CPUs with FMA
-  fused-avx2  gelu_tanh.c (glibc's vector expf, fast math) for AVX2 + FMA: the default of the
-              runs made before `poly`, kept so that they resume on their own bits
-  fused-sse2  the same for x86-64's baseline (4 floats a vector)
+  poly-bias   gelu_tanh_poly.c: its own inlined exponential, IEEE operations and explicit fused
+              multiply-adds, so its AVX-512 and AVX2 copies give the same bits (the faster one
+              the CPU has is used); on CPUs with FMA. The dense MLP's first layer adds its bias
+              in the kernel: torch's matmul without the bias, then gelu(h + b) forward and,
+              backward, the bias's gradient in the same pass as the activation's (`linear_gelu`).
+              torch's addmm first copies the bias into every row of its output, and its backward
+              sums the gradient's columns in a pass of its own.
   passes      variants/activations.py's torch ops: the fallback where no kernel builds (no C
               compiler, another architecture), and the form of every run made before the kernels
+RETIRED forms (`poly`: the same kernel with torch's addmm; `fused-avx2`, `fused-sse2`: glibc's
+vector expf) are refused when a run made with one would resume: this code no longer computes
+their bits.
 """
 from __future__ import annotations
 
@@ -35,24 +30,19 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
-from ablate.kernels.cpu_build import AVX512, AVX512_NEEDS, EXACT, FAST, Copy, CpuKernel
+from ablate.kernels.cpu_build import AVX512, AVX512_NEEDS, EXACT, Copy, CpuKernel
 
 PASSES = "passes"
 # form -> its copies, fastest first: a machine computes a form with the first copy its CPU runs.
 POLY = (Copy("poly_avx512", "gelu_tanh_poly.c", (*EXACT, *AVX512), AVX512_NEEDS),
         Copy("poly_avx2", "gelu_tanh_poly.c", (*EXACT, "-mavx2", "-mfma"), ("avx2", "fma")))
-FORMS = {
-    "poly-bias": POLY,
-    "poly": POLY,
-    "fused-avx2": (Copy("avx2", "gelu_tanh.c", (*FAST, "-mavx2", "-mfma"), ("avx2", "fma")),),
-    "fused-sse2": (Copy("sse2", "gelu_tanh.c", FAST, ()),),
-}
+FORMS = {"poly-bias": POLY}
+RETIRED = ("poly", "fused-avx2", "fused-sse2")  # forms of earlier runs this code no longer computes
 # The forms whose dense MLP adds c_fc's bias in the kernel (`linear_gelu`).
 BIAS_FORMS = ("poly-bias",)
 _P, _I64, _I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 SIGNATURES = {"gelu_tanh_fwd": (_P, _P, _I64, _I),
               "gelu_tanh_bwd": (_P, _P, _P, _I64, _I),
-              # gelu_tanh_poly.c's copies only (the older forms' source has no bias functions)
               "gelu_bias_fwd": (_P, _P, _P, _I64, _I64, _I64, _I),
               "gelu_bias_bwd": (_P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I)}
 KERNEL = CpuKernel("gelu_tanh", FORMS, PASSES, SIGNATURES, headers=("vec.h", "exp_poly.h", "thread_mode.h"))

@@ -32,6 +32,9 @@ DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 GATED = ("silu", "gelu", "relu")  # SwiGLU, GEGLU, ReGLU
 OPS = tuple(f"act:{a}" for a in ACTS) + tuple(f"gated:{a}" for a in GATED) + (
     "layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm")
+# The ops the `cpu` backend has kernels for, the only ones it checks: the rest are `reference`'s
+# own code. attention and dense_mlp are checked on it alone (the GPU backends' are torch's).
+CPU_OPS = ("act:gelu", "gated:gelu", "attention", "dense_mlp:gelu")
 EPS = 1e-5
 
 # (shape, layout). contiguous: a plain tensor; strided: rows with a stride (x = wider[..., :C];
@@ -89,11 +92,11 @@ class Row:
         return self.error is None and self.fwd_err <= tol and self.bwd_err <= tol
 
 
-def cases(device: str = "cpu", quick: bool = False) -> list[Case]:
+def cases(device: str = "cpu", quick: bool = False, ops: tuple[str, ...] = OPS) -> list[Case]:
     """The suite: every op x shape x dtype (more and larger shapes on a GPU)."""
     shapes = QUICK_SHAPES if quick else SHAPES + (GPU_SHAPES if str(device).startswith("cuda") else ())
     out = []
-    for op in OPS:
+    for op in ops:
         for shape, layout in shapes:
             for dtype in (torch.float32, torch.bfloat16):
                 out.append(Case(op, shape, dtype, layout, seed=len(out) + 1))
@@ -128,11 +131,40 @@ def _norm_stats(case: Case) -> tuple[float, float]:
     return choices[case.seed % len(choices)]
 
 
+def _build_attention(case: Case, g, device):
+    """Causal attention on (B, 2 heads, 8 T, 16) heads: for the `strided` layout the heads of one
+    packed (B, T, 3 C) tensor, as the model splits c_attn's output, else three tensors."""
+    B, T, H, D = case.shape[0], 8 * case.shape[1], 2, 16
+    if case.layout == "strided":
+        qkv = _randn((B, T, 3 * H * D), g, case.dtype, device).requires_grad_()
+
+        def packed(be, qkv):
+            q, k, v = (t.view(B, T, H, D).transpose(1, 2) for t in qkv.split(H * D, dim=2))
+            return (be.attention(q, k, v),)
+        return [qkv], packed
+    leaves = [_randn((B, H, T, D), g, case.dtype, device).requires_grad_() for _ in range(3)]
+    return leaves, lambda be, q, k, v: (be.attention(q, k, v),)
+
+
+def _build_dense_mlp(case: Case, g, device):
+    """act(x W^T + b) W2^T + b2 at width min(C, 64), the MLP 4x as wide."""
+    name, C = case.op.split(":")[1], min(case.shape[-1], 64)
+    x, view = _leaf_and_view(case, g, device, width=C)
+    w, b = _randn((4 * C, C), g, case.dtype, device, C**-0.5).requires_grad_(), _randn((4 * C,), g, case.dtype, device, 0.5)
+    w2, b2 = _randn((C, 4 * C), g, case.dtype, device, (4 * C)**-0.5), _randn((C,), g, case.dtype, device, 0.1)
+    leaves = [x, w, b.requires_grad_(), w2.requires_grad_(), b2.requires_grad_()]
+    return leaves, lambda be, x, w, b, w2, b2: (be.dense_mlp(name, view(x), w, b, w2, b2),)
+
+
 def build(case: Case, device):
     """(leaves, fn): fn(backend, *leaves) -> tuple of outputs."""
     g = torch.Generator().manual_seed(case.seed)
     op = case.op
     C = case.shape[-1]
+    if op == "attention":
+        return _build_attention(case, g, device)
+    if op.startswith("dense_mlp:"):
+        return _build_dense_mlp(case, g, device)
     if op.startswith("act:"):
         name = op[4:]
         leaf, view = _leaf_and_view(case, g, device, scale=3.0)  # reach the tails
@@ -217,12 +249,17 @@ def load_backends(names=GPU_BACKENDS, device: str | None = None) -> dict[str, ob
     return out
 
 
+def ops_for(backend: str) -> tuple[str, ...]:
+    """The ops a backend is checked on: `cpu` on those it has kernels for (CPU_OPS)."""
+    return CPU_OPS if backend == "cpu" else OPS
+
+
 def run_suite(backends: dict[str, object], device: str, quick: bool = False, progress=None) -> list[Row]:
     rows = []
     for name, backend in backends.items():
         if isinstance(backend, str):
             continue
-        for case in cases(device, quick):
+        for case in cases(device, quick, ops_for(name)):
             row = run_case(backend, case, device)
             row.backend = name
             rows.append(row)

@@ -5,30 +5,23 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ablate.kernels import cpu_attention, cpu_gelu
-from ablate.variants.registry import ACTIVATIONS
+from ablate.variants.tables import ACTIVATIONS
 
 
 class ReferenceBackend:
     name = "reference"
 
     def activation(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        if name == "gelu" and cpu_gelu.handles(x):  # the same function in one pass (cpu_gelu.py)
-            return cpu_gelu.gelu(x)
         return ACTIVATIONS.get(name)(x)
 
     def linear_activation(self, name: str, x: torch.Tensor, weight: torch.Tensor,
                           bias: torch.Tensor | None) -> torch.Tensor:
         """act(x W^T + b): a dense MLP's first layer and its activation."""
-        if name == "gelu" and cpu_gelu.handles_linear(x, weight, bias):  # the bias in the GELU's pass
-            return cpu_gelu.linear_gelu(x, weight, bias)
         return self.activation(name, F.linear(x, weight, bias))
 
     def dense_mlp(self, name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                   weight2: torch.Tensor, bias2: torch.Tensor | None) -> torch.Tensor:
         """act(x W^T + b) W2^T + b2: the dense MLP."""
-        if name == "gelu" and cpu_gelu.handles_mlp(x, weight, bias, weight2, bias2):  # its backward in place
-            return cpu_gelu.linear_gelu_linear(x, weight, bias, weight2, bias2)
         return F.linear(self.linear_activation(name, x, weight, bias), weight2, bias2)
 
     def gated(self, gate_act: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -36,9 +29,7 @@ class ReferenceBackend:
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Causal self-attention, q, k, v and the output (B, heads, T, d_head)."""
-        if cpu_attention.handles(q, k, v):  # the same function in register tiles (cpu_attention.py)
-            return cpu_attention.attention(q, k, v)
-        return cpu_attention.reference(q, k, v)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     def layer_norm(self, x, weight, bias, eps: float) -> torch.Tensor:
         return F.layer_norm(x, x.shape[-1:], weight, bias, eps)

@@ -32,5 +32,5 @@ class TritonBackend(KernelBackend):
 def load() -> TritonBackend:
     if not tk.INTERPRETED and not torch.cuda.is_available():
         raise ConfigError("kernels 'triton' needs a CUDA GPU (or TRITON_INTERPRET=1 set before start-up "
-                          "to run its kernels in Triton's slow CPU interpreter); valid here: reference")
+                          "to run its kernels in Triton's slow CPU interpreter); valid here: reference, cpu")
     return TritonBackend(OPS)
