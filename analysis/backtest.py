@@ -366,7 +366,7 @@ def score_ladder(claim, out: Path, identity: dict, alpha: float = ONE_SIDED_ALPH
     measured = clause_rows(claim, out, {**ladder, "rungs": [record]})
     scored = [score_clause(c, m["rows"][0], alpha) for c, m in zip(plan["clauses"], measured)
               if not c["forecasts"].get("note") == "counted, not predicted"]
-    return {"claim": claim.name, "held_out": plan["held_out"], "fitted": [f"w{w}" for w in plan["fitted_widths"]],
+    return {"claim": claim.name, "held_out": plan["held_out"], "seconds": record.get("seconds"), "fitted": [f"w{w}" for w in plan["fitted_widths"]],
             "plan": {k: plan[k] for k in ("claim_sha256", "grid_sha256", "commit", "version", "analysis_sha256")},
             "clauses": scored, "alpha": alpha}
 
@@ -442,11 +442,16 @@ def summary_lines(scored: list[dict], claims: int) -> list[str]:
     return lines
 
 
+def _took(ladder: dict) -> str:
+    seconds = ladder.get("seconds")
+    return "its training time not recorded" if seconds is None else f"trained in {seconds / 60:.1f} min"
+
+
 def backtest_markdown(ladders: list[dict]) -> str:
     alpha = ladders[0]["alpha"] if ladders else ONE_SIDED_ALPHA
     scored = [c for lad in ladders for c in lad["clauses"]]
     lines = ["# Backtest: the held-out rung predicted under a frozen plan", "",
-             *[f"- {lad['claim']}: fitted {', '.join(lad['fitted'])}; held out {lad['held_out']}; plan: claim "
+             *[f"- {lad['claim']}: fitted {', '.join(lad['fitted'])}; held out {lad['held_out']} ({_took(lad)}); plan: claim "
                f"{_short(lad['plan']['claim_sha256'])}, grid {_short(lad['plan']['grid_sha256'])}, analysis "
                f"{_short(lad['plan']['analysis_sha256'])}, commit {lad['plan']['commit'] or 'none (not a git checkout)'}, "
                f"ablate {lad['plan']['version']}" for lad in ladders], "",
