@@ -54,6 +54,7 @@ PLAN_JSON, BACKTEST_MD = "backtest_plan.json", "backtest.md"
 MIN_FIT_RUNGS = 3
 TOO_FEW_RUNGS = "too few rungs to predict"
 TOO_FEW_SEEDS = "too few seeds to predict"
+NO_SPREAD = "the seeds do not vary at any fitted rung: no noise to predict with"
 FORECASTS = ("trend", "persistence", "no change")
 RATE_TRANSFER = ("every learning rate x (grid width / rung width); a rung's sweep moves one step toward an "
                  "arm's best rate that sat at an end of the rung below's sweep (ablate/ladder.py)")
@@ -237,8 +238,10 @@ def forecasts(rows: list[dict], size: float, binary: bool = False, n_new: int | 
     if len({r["size"] for r in rows}) < MIN_FIT_RUNGS:
         return {"note": TOO_FEW_RUNGS}
     var, df = pooled_noise(rows, binary)
-    if df < 2 or var <= 0:  # a t with under 2 df has no mean, its CRPS no value
+    if df < 2:  # a t with under 2 df has no mean, its CRPS no value
         return {"note": TOO_FEW_SEEDS}
+    if var <= 0:  # e.g. every cell scored as the unigram entropy on both sides
+        return {"note": NO_SPREAD}
     x = np.log10([r["size"] for r in rows])
     design = np.column_stack([np.ones_like(x), x])
     weights = np.array([r["n"] for r in rows], dtype=float) / var
@@ -431,7 +434,7 @@ def summary_lines(scored: list[dict], claims: int) -> list[str]:
         lines.append(f"Decision accuracy of the {f} (DataDecide: the small-scale pick of the arm with the larger "
                      f"value is the held-out rung's): {d['right']} of {d['of']}{ci}; ties, not scored: {d['ties']}.")
     if not_predicted:
-        lines.append(f"Not predicted: {not_predicted} clause(s) ({TOO_FEW_RUNGS} or {TOO_FEW_SEEDS}, as the table says).")
+        lines.append(f"Not predicted: {not_predicted} clause(s), for the reason the table gives.")
     lines += ["", "What this supports: whether a straight line in log parameters through the fitted rungs forecast "
               "the next width up better than its two baselines, clause by clause, in each clause's unit (a trend "
               "whose CRPS and interval score do not beat persistence's adds nothing to reading the top fitted rung).",

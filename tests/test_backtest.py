@@ -254,3 +254,35 @@ def test_a_plan_frozen_from_the_fitted_rungs_scores_the_held_out_one(tmp_path):
         B.score_ladder(claim, tmp_path, identity)
     with pytest.raises(ConfigError, match="another plan \\(analysis_sha256"):
         B.score_ladder(claim, tmp_path, {**identity, "analysis_sha256": "f" * 64})
+
+
+MINI = """
+name = "mini"
+[base]
+model = "tiny"
+layers = 1
+steps = 4
+batch_size = 2
+probes = false
+[axes]
+act = ["gelu", "relu"]
+seed = [0, 1]
+"""
+
+
+def test_the_command_refuses_a_ladder_frozen_under_another_plan_before_anything_runs(capsys, tmp_path):
+    from ablate.cli import main
+
+    grid = tmp_path / "mini.toml"
+    grid.write_text(MINI)
+    ladder = tmp_path / "ladders" / "mini"
+    ladder.mkdir(parents=True)
+    stored = {**_identity(claim="mini", grid_file=str(grid), fitted_widths=[16, 32, 48], held_out="w96",
+                          held_out_width=96), "clauses": []}
+    (ladder / B.PLAN_JSON).write_text(json.dumps(stored))
+    argv = ["ladder", str(grid), "--widths", "16,32,48", "--backtest", "--workers", "0", "--out", str(ladder.parent)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "another plan (analysis_sha256" in err[0] and "grid_sha256" in err[0]
+    assert sorted(p.name for p in ladder.iterdir()) == [B.PLAN_JSON]  # nothing trained, nothing written
+    assert json.loads((ladder / B.PLAN_JSON).read_text()) == stored
