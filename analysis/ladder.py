@@ -1,7 +1,7 @@
 """A ladder's report: each rung's clause verdicts (analysis/verdict.py, on the rung's own run
 folder), and for each clause's primary effect its value at every rung, the trend against model
 size, the prediction at the next size up and at ANDREA-120M, and a compute multiplier for loss
-effects. `write_backtest` scores predictions of the largest rung made from the smaller ones.
+effects. The backtest of a held-out rung is analysis/backtest.py's.
 
 Reads what `ablate ladder` wrote: ladder.json (the rungs, their rates and sizes) and one grid
 folder per rung. The numbers:
@@ -28,7 +28,7 @@ from scipy import stats
 
 from ablate.analysis import scaling
 from ablate.analysis.safe_files import replace_atomic
-from ablate.analysis.verdict import AGREES, CANNOT_TELL, DISAGREES, evaluate
+from ablate.analysis.verdict import evaluate
 
 LADDER_JSON, RESULT_JSON, REPORT_MD = "ladder.json", "ladder_result.json", "ladder.md"
 LOSS_MEASURES = ("final_val_loss",)
@@ -208,39 +208,11 @@ def trend_and_sentence(rows: list[dict], null: float, sign: int, targets: dict, 
                       "word": word}, "predictions": preds, "sentence": text}
 
 
-def backtest_clause(clause: dict, alpha: float) -> dict | None:
-    """Hold out the largest rung; predict its effect and verdict from the others."""
-    if clause.get("exact"):
-        return None  # a count at the held-out size is computed, not predicted
-    rows = sorted(clause["rows"], key=lambda r: r["size"])
-    fit, top = rows[:-1], rows[-1]
-    if top["effect"] is None:
-        return None
-    part = trend_and_sentence(fit, clause["null"], clause["expected_sign"], {"top": top["size"]}, alpha)
-    if part["trend"] is None:
-        return None
-    p = part["predictions"]["top"]
-    null, sign = clause["null"], clause["expected_sign"]
-    if (p["low"] - null) * sign > 0 and (p["high"] - null) * sign > 0:
-        predicted = AGREES
-    elif (p["low"] - null) * sign < 0 and (p["high"] - null) * sign < 0:
-        predicted = DISAGREES
-    else:
-        predicted = CANNOT_TELL
-    return {"predicted": p["effect"], "low": p["low"], "high": p["high"], "measured": top["effect"],
-            "sign_right": bool(np.sign(p["effect"] - null) == np.sign(top["effect"] - null)),
-            "predicted_verdict": predicted, "measured_verdict": top["verdict"],
-            "verdict_right": predicted == top["verdict"], "covered": bool(p["low"] <= top["effect"] <= p["high"]),
-            "error": p["effect"] - top["effect"], "held_out": top["rung"]}
-
-
 def summarise(claim, out: Path) -> dict:
     ladder = load_ladder(out)
     rungs = evaluate_rungs(claim, out, ladder)
     targets = ladder["targets"]
     clauses = [clause_across(rungs, i, targets, claim.alpha) for i in range(len(claim.clauses))]
-    for c in clauses:
-        c["backtest"] = backtest_clause(c, claim.alpha)
     return {"claim": claim.name, "statement": claim.statement, "scale": ladder["scale"],
             "seconds": ladder.get("seconds"), "ref_width": ladder.get("ref_width"), "rungs": [r["record"] for r in rungs],
             "rung_verdicts": {r["record"]["name"]: r["verdict"].text() for r in rungs},
@@ -290,12 +262,6 @@ def ladder_markdown(summary: dict, plots: dict) -> str:
             for name, p in c["predictions"].items():
                 lines.append(f"- predicted at {name} ({_size(p['size'])} params, extrapolated): {_g(p['effect'])} "
                              f"[{_g(p['low'])}, {_g(p['high'])}] (95% prediction interval)")
-        b = c.get("backtest")
-        if b:
-            lines.append(f"- backtest (hold out {b['held_out']}): predicted {_g(b['predicted'])} "
-                         f"[{_g(b['low'])}, {_g(b['high'])}], measured {_g(b['measured'])}; sign "
-                         f"{'right' if b['sign_right'] else 'wrong'}, verdict {b['predicted_verdict']} vs "
-                         f"{b['measured_verdict']}")
     if plots:
         lines += ["", *[f"![{k}](plots/{Path(v).name})" for k, v in plots.items()]]
     if summary.get("seconds") is not None:
@@ -323,40 +289,3 @@ def multiplier_text(m: dict | None) -> str:
            "inside the run)"}.get(tuple(m["how"]), "baseline's curve in some seeds, the other arm's in others")
     missing = f"; none in {m['seeds'] - m['measured']} seeds" if m["measured"] < m["seeds"] else ""
     return f"{m['factor']:.2f}x{ci} (on the {how}{missing})"
-
-
-def backtest_rows(summaries: list[dict]) -> list[dict]:
-    return [{"claim": s["claim"], "clause": c["label"], **c["backtest"]}
-            for s in summaries for c in s["clauses"] if c.get("backtest")]
-
-
-def _run_time(summaries: list[dict]) -> str:
-    """The ladders' recorded run time; a ladder whose time was not recorded (a rung trained by
-    a version that kept no rung times) is named, not counted as 0."""
-    seconds = sum(s["seconds"] for s in summaries if s.get("seconds") is not None)
-    unknown = [s["claim"] for s in summaries if s.get("seconds") is None]
-    text = f"ladders' run time {seconds / 60:.1f} min"
-    return text + (f" ({', '.join(unknown)}: not recorded, so not in it)" if unknown else "")
-
-
-def write_backtest(summaries: list[dict], path: Path) -> tuple[Path, list[str]]:
-    rows = backtest_rows(summaries)
-    lines = ["| claim | clause | held out | predicted [95% PI] | measured | sign | verdict predicted / measured |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['claim']} | {r['clause']} | {r['held_out']} | {_g(r['predicted'])} "
-                     f"[{_g(r['low'])}, {_g(r['high'])}] | {_g(r['measured'])} | {'right' if r['sign_right'] else 'wrong'} "
-                     f"| {r['predicted_verdict']} / {r['measured_verdict']} |")
-    n = len(rows)
-    if n:
-        errors = [abs(r["error"]) for r in rows]
-        lines += ["", f"Decision accuracy (sign of the effect predicted right): {sum(r['sign_right'] for r in rows)} of {n}; "
-                      f"verdict predicted right: {sum(r['verdict_right'] for r in rows)} of {n}; measured inside the "
-                      f"95% prediction interval: {sum(r['covered'] for r in rows)} of {n}; median |error| "
-                      f"{float(np.median(errors)):.3g} (in each clause's own unit)."]
-    text = "\n".join(["# Backtest: the largest rung predicted from the smaller ones", "",
-                      f"Claims: {', '.join(s['claim'] for s in summaries)}; {_run_time(summaries)}.",
-                      "", *lines]) + "\n"
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    _write(Path(path), text)
-    return Path(path), lines

@@ -1,5 +1,5 @@
 """`ablate ladder`: the rungs and their rate transfer (ablate/ladder.py), the per-clause effects
-across sizes and the backtest (analysis/ladder.py), bad input, and a miniature 3-rung ladder
+across sizes (analysis/ladder.py), bad input, and a miniature 3-rung ladder
 end to end with a kill -9 half-way."""
 import json
 import os
@@ -14,7 +14,7 @@ import pytest
 
 from ablate.analysis import ladder as L
 from ablate.analysis.claims import claim_at_rung
-from ablate.analysis.verdict import AGREES, CANNOT_TELL, DISAGREES
+from ablate.analysis.verdict import AGREES
 from ablate.cli import main
 from ablate.errors import ConfigError
 from ablate.grids import find_grid, shipped_grids
@@ -138,7 +138,7 @@ def test_widths_that_are_not_numbers_are_one_line(capsys, tmp_path):
     assert "--widths" in _refused(capsys, tmp_path, "swiglu", "--widths", "32,x,64")
 
 
-# ----------------------------------------------------------------- effects and backtest
+# ------------------------------------------------------------------- effects across sizes
 
 
 def _clause(label, effects, null=0.0, sign=-1, verdict=AGREES, se=0.01):
@@ -147,7 +147,6 @@ def _clause(label, effects, null=0.0, sign=-1, verdict=AGREES, se=0.01):
             for i, e in enumerate(effects)]
     clause = {"label": label, "measure": "final_val_loss", "null": null, "expected_sign": sign, "rows": rows}
     clause.update(L.trend_and_sentence(rows, null, sign, {"next": 1e8}, 0.05))
-    clause["backtest"] = L.backtest_clause(clause, 0.05)
     return clause
 
 
@@ -158,39 +157,11 @@ def test_sentences_say_whether_the_effect_holds_and_how_it_moves():
     assert _clause("a", [0.01, 0.04, 0.02], se=0.05)["sentence"] == "goes the other way at every size, flat"
 
 
-def test_backtest_bookkeeping_on_rungs_whose_right_answers_are_known():
-    exact_line = _clause("line", [-0.1, -0.2, -0.3])  # predicted -0.3 from the first two: right
-    flips = _clause("flips", [-0.2, -0.1, 0.3], verdict=DISAGREES)  # predicted 0.0: sign wrong, cannot tell
-    noisy = _clause("noisy", [-0.1, -0.1, -0.1], verdict=CANNOT_TELL, se=0.2)  # wide: cannot tell, right
-    assert exact_line["backtest"]["sign_right"] and exact_line["backtest"]["predicted_verdict"] == AGREES
-    assert exact_line["backtest"]["covered"] and exact_line["backtest"]["error"] == pytest.approx(0.0, abs=1e-9)
-    assert not flips["backtest"]["sign_right"] and not flips["backtest"]["covered"]
-    assert noisy["backtest"]["predicted_verdict"] == CANNOT_TELL and noisy["backtest"]["verdict_right"]
-    summaries = [{"claim": "c1", "clauses": [exact_line, flips], "seconds": 60},
-                 {"claim": "c2", "clauses": [noisy], "seconds": 60}]
-    rows = L.backtest_rows(summaries)
-    assert [r["clause"] for r in rows] == ["line", "flips", "noisy"]
-    assert sum(r["sign_right"] for r in rows) == 2 and sum(r["verdict_right"] for r in rows) == 2
-
-
-def test_the_backtest_table_states_the_accuracies(tmp_path):
-    summaries = [{"claim": "c1", "clauses": [_clause("line", [-0.1, -0.2, -0.3]),
-                                             _clause("flips", [-0.2, -0.1, 0.3], verdict=DISAGREES)], "seconds": 90}]
-    path, lines = L.write_backtest(summaries, tmp_path / "backtest.md")
-    text = path.read_text()
-    assert "Decision accuracy (sign of the effect predicted right): 1 of 2" in text
-    assert "verdict predicted right: 1 of 2" in text and "run time 1.5 min" in text
-    summaries.append({"claim": "c2", "clauses": [], "seconds": None})  # trained before rung times were kept
-    text = L.write_backtest(summaries, tmp_path / "backtest.md")[0].read_text()
-    assert "run time 1.5 min (c2: not recorded, so not in it)" in text
-
-
 def test_a_count_is_counted_at_every_rung_not_fitted():
     rows = [{"rung": "w1", "size": 1e4, "effect": 152.0, "se": 0.0, "n": 3},
             {"rung": "w2", "size": 1e5, "effect": 600.0, "se": 0.0, "n": 3}]
     out = L.counted_sentence(rows, 0.0, -1)
     assert out["trend"] is None and out["sentence"].startswith("goes the other way at every size")
-    assert L.backtest_clause({"exact": True, "rows": rows}, 0.05) is None
 
 
 # --------------------------------------------------------------------- end to end

@@ -1,9 +1,11 @@
 """`ablate ladder CLAIM... | GRID | all`: a claim's grid at a ladder of model sizes (ablate/ladder.py
 says what scales and how the learning rates transfer), the clause verdicts per rung, and the
 effects across sizes with a trend and its prediction at ANDREA-120M (analysis/ladder.py).
-`--backtest` also holds out each ladder's largest rung, predicts it from the smaller ones and
-scores the prediction. Output: runs/ladders/NAME[-full]/ (a folder per rung, ladder.md,
-ladder.json, plots/); with several claims, backtest.md in the root.
+`--backtest` adds a held-out rung above the widths (twice the widest), freezes the analysis
+plan and every prediction from the fitted rungs before it trains, and scores the predictions
+(analysis/backtest.py). Output: runs/ladders/NAME[-full]/ (a folder per rung, ladder.md,
+ladder.json, plots/; with --backtest backtest_plan.json and backtest.md); with several claims,
+backtest.md in the root too.
 """
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ def add_arguments(p) -> None:
     p.add_argument("--full", action="store_true",
                    help="GPU-sized: the grid's [scales.gpu] at widths 192 and 384 (medium) and ANDREA-120M")
     p.add_argument("--backtest", action="store_true",
-                   help="also predict each ladder's largest rung from the smaller ones and score the prediction")
+                   help="also train a held-out rung at twice the widest width, after freezing the plan and the "
+                        "predictions the fitted rungs make for it, and score them (backtest.md)")
     p.add_argument("--dry-run", action="store_true", help="print the rungs, their rates, cells and estimated time; "
                                                          "train and write nothing")
     p.add_argument("--out", type=Path, help="output root (default runs/ladders; a claim's ladder in NAME[-full]/)")
@@ -190,9 +193,10 @@ def estimate(plan: LadderPlan, workers: int, full: bool) -> list[str]:
     return lines
 
 
-def run_ladder(plan: LadderPlan, options, quiet: bool) -> tuple[int, dict]:
+def run_ladder(plan: LadderPlan, options, quiet: bool, before_rung=None) -> tuple[int, dict]:
     """Run the rungs smallest first, each rung's sweep placed from the rung below's verdict; then
-    the ladder's report. Returns (worst exit status, the ladder's summary)."""
+    the ladder's report. `before_rung(rung, grid, size)`, if given, is called once a rung's grid file
+    is written and before it trains. Returns (worst exit status, the ladder's summary)."""
     from ablate.analysis.claim_report import write_claim_report
     from ablate.analysis.ladder import write_ladder_report
     from ablate.grid_runner import run_grid
@@ -208,6 +212,8 @@ def run_ladder(plan: LadderPlan, options, quiet: bool) -> tuple[int, dict]:
         print(f"{plan.claim.name} rung {rung.name}: width {rung.width}, lr x {rung.rate_factor:.3g}, "
               f"{len(grid.cells)} cells -> {folder}", flush=True)
         finished_before = sum((folder / c.id / SUMMARY).exists() for c in grid.cells)
+        if before_rung is not None:
+            before_rung(rung, grid, size)
         t0 = time.time()
         status = run_grid(grid, folder, options)
         # A rung that had nothing left to train keeps the time recorded when it trained (a rung
@@ -303,31 +309,83 @@ def run(args) -> int:
     options = GridRunOptions.from_args(args)
     overrides = parse_overrides(args.set)
     widths = parse_widths(args.widths)
+    held_out = _held_out_width(widths, args.full) if args.backtest else None
     scale = "gpu" if args.full else "cpu"
     root = args.out or DEFAULT_ROOT
     policy = RUN_IMPORTS if args.trust_imports else REFUSE_IMPORTS
     pairs = _claims_and_sources(args.names)
     suffix = "-full" if args.full else ""
-    plans = [LadderPlan(claim, source, scale, overrides, widths, args.full, policy,
-                        root / f"{claim.name}{suffix}") for claim, source in pairs]  # all checked first
+    plans = [LadderPlan(claim, source, scale, overrides, widths + ([held_out] if held_out else []), args.full,
+                        policy, root / f"{claim.name}{suffix}") for claim, source in pairs]  # all checked first
+    identities = {plan.claim.name: _backtest_identity(plan, widths, held_out) for plan in plans} if held_out else {}
     for plan in plans:
         print(f"{plan.claim.name}: ladder of {len(plan.rungs)} rungs -> {plan.out}")
         print("\n".join(estimate(plan, args.workers, args.full)), flush=True)
+        if held_out:
+            print(f"  held out: w{held_out}, predicted from {', '.join(f'w{w}' for w in sorted(widths))} under the plan "
+                  "frozen before it trains", flush=True)
     if args.dry_run:
         return 0
     worst, summaries = 0, []
     for plan in plans:
-        status, summary = run_ladder(plan, options, args.quiet)
+        hook = _freezer(plan, identities[plan.claim.name]) if held_out else None
+        status, summary = run_ladder(plan, options, args.quiet, hook)
         worst = max(worst, status)
         if summary:
             summaries.append(summary)
             print(f"{plan.claim.name}: {summary['sentence_count']} clause(s); report: {plan.out / 'ladder.md'}")
             for line in summary["sentences"]:
                 print(f"  {line}", flush=True)
-    if args.backtest and summaries:
-        from ablate.analysis.ladder import write_backtest
-
-        path, lines = write_backtest(summaries, root / f"backtest{suffix}.md")
-        print("\n".join(lines))
-        print(f"backtest: {path}")
+    if held_out and summaries:
+        _score(plans, identities, {s["claim"] for s in summaries}, root / f"backtest{suffix}.md")
     return worst
+
+
+# ------------------------------------------------------------------------------ the backtest
+
+
+def _held_out_width(widths: list[int], full: bool) -> int:
+    """The backtest's held-out rung: twice the widest fitted width, above every rung it is
+    predicted from (and above the claims' own width, where their grids were developed)."""
+    from ablate.ladder import CPU_WIDTHS, rungs_for
+
+    if full:
+        raise ConfigError("--backtest with --full: the GPU ladder's 3 rungs leave none to hold out above 3 fitted "
+                          f"ones; valid: --backtest on the CPU ladder (--widths, e.g. {','.join(map(str, CPU_WIDTHS))})")
+    rungs_for(widths, 1)  # the fitted rungs alone: at least 3, distinct
+    return 2 * max(widths)
+
+
+def _backtest_identity(plan: LadderPlan, widths: list[int], held_out: int) -> dict:
+    """The plan the predictions are made under; a ladder frozen under another is refused now."""
+    from ablate.analysis.backtest import check_plan, plan_identity
+
+    identity = plan_identity(plan.claim, plan.source, plan.scale, plan.overrides, widths, held_out)
+    started = any((plan.out / identity["held_out"]).glob(f"*/{SUMMARY}"))
+    check_plan(plan.out, identity, started)
+    return identity
+
+
+def _freezer(plan: LadderPlan, identity: dict):
+    """The hook that freezes the plan and its predictions just before the held-out rung trains."""
+    from ablate.analysis.backtest import PLAN_JSON, freeze_plan, sha256_file
+    from ablate.analysis.ladder import load_ladder
+
+    def before(rung, grid, size: int) -> None:
+        if rung.name == identity["held_out"]:
+            held = {"grid_sha256": sha256_file(plan.grid_file(rung)), "size": size,
+                    "seeds": len({grid.configs.setting(c.id).seed for c in grid.cells}),
+                    "rates": {f"{k:g}": v for k, v in rung.rates.items()}}
+            freeze_plan(plan.claim, plan.out, identity, held, load_ladder(plan.out))
+            print(f"  plan frozen: {plan.out / PLAN_JSON}", flush=True)
+    return before
+
+
+def _score(plans: list[LadderPlan], identities: dict, done: set, combined: Path) -> None:
+    from ablate.analysis.backtest import BACKTEST_MD, score_ladder, write_backtest
+
+    scored = [score_ladder(p.claim, p.out, identities[p.claim.name]) for p in plans if p.claim.name in done]
+    for p, ladder in zip([p for p in plans if p.claim.name in done], scored):
+        print(f"backtest: {write_backtest([ladder], p.out / BACKTEST_MD)}")
+    if len(scored) > 1:
+        print(f"backtest of {len(scored)} ladders: {write_backtest(scored, combined)}")
