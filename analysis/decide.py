@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
-from ablate.analysis.stats import DEFAULT_POWER, ONE_SIDED_ALPHA, Interval, _smallest_n_reaching, one_sided_power
+from ablate.analysis.stats import DEFAULT_POWER, ONE_SIDED_ALPHA, Interval, one_sided_seeds_for_power
 
 RIGHT, WRONG = "right", "wrong"  # which way an estimate points, against the claimed direction
 KINDS = {"t": "one-sided t-test over seeds", "binary": "exact sign test over seeds", "exact": "exact count"}
@@ -202,4 +202,4 @@ def t_seeds_for(effect: float, sd: float, level: float, power: float = DEFAULT_P
     given the seeds' spread `sd`; None without an effect or a spread."""
     if not (effect > 0 and sd > 0):
         return None
-    return _smallest_n_reaching(lambda n: one_sided_power(effect / sd, n, level), power, 100_000)
+    return one_sided_seeds_for_power(effect / sd, level, power)

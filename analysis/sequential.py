@@ -35,7 +35,7 @@ verdict. The contract with the runner is /work/notes/45-contract.md in words and
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -211,10 +211,15 @@ def _clause_json(c: ClauseDecision) -> dict:
     return {"letter": c.letter, "label": c.label, "status": c.status, "decided": c.decided, "why": c.why,
             "level": c.level, "seeds_used": c.seeds_used, "next_seeds": list(c.next_seeds or []),
             "needs": c.needs, "rates": c.rates,
-            "looks": [{"seeds": lk.n_seeds, "seed_ids": list(lk.seeds), "statistic": lk.statistic,
-                       "futility_statistic": lk.futility_statistic, "boundary": lk.boundary,
+            "looks": [{"seeds": lk.n_seeds, "seed_ids": list(lk.seeds), "statistic": _finite(lk.statistic),
+                       "futility_statistic": _finite(lk.futility_statistic), "boundary": _finite(lk.boundary),
                        "nominal_level": lk.nominal_level, "estimate": lk.estimate, "p_value": lk.p_value,
                        "p_futile": lk.p_futile, "outcome": lk.outcome} for lk in c.looks]}
+
+
+def _finite(x: float | None) -> float | None:
+    """JSON has no infinity: an unbounded statistic or an exact count's boundary is null."""
+    return x if x is not None and math.isfinite(x) else None
 
 
 def decide_claim(claim: Claim, source, metrics=None, looks: tuple = LOOKS) -> Decision:
@@ -252,8 +257,8 @@ def _clause_decision(j: int, clause: Clause, results: list[Result], path: list[L
                      looks: tuple) -> ClauseDecision:
     status = path[-1].outcome if path else CANNOT_TELL
     rates = _rates(results)
-    c = ClauseDecision(LETTERS[j], clause.label, status, status != CANNOT_TELL, "", path, level, tuple(results),
-                       rates=rates)
+    shown = tuple(_at_look(r, path[-1]) for r in results) if path else tuple(results)
+    c = ClauseDecision(LETTERS[j], clause.label, status, status != CANNOT_TELL, "", path, level, shown, rates=rates)
     c.why = _why(c, results, looks)
     if not c.decided:
         have = _units(results)
@@ -262,6 +267,18 @@ def _clause_decision(j: int, clause: Clause, results: list[Result], path: list[L
             c.next_seeds = _seeds_for(results, later[0])
             c.needs = _needs(results, c.next_seeds)
     return c
+
+
+def _at_look(r: Result, look: Look) -> Result:
+    """The comparison as its last look read it: its first look.n_seeds seeds, tested at that
+    look's nominal level (seeds on disk beyond the look do not enter the report's figures)."""
+    if r.kind == "exact" or not r.seed_ids:
+        return r
+    used = set(r.seed_ids[:look.n_seeds])
+    keep = [i for i, k in enumerate(r.keys) if k[0] in used]
+    return replace(r, keys=tuple(r.keys[i] for i in keep), a=tuple(r.a[i] for i in keep),
+                   b=tuple(r.b[i] for i in keep), seed_ids=r.seed_ids[:look.n_seeds],
+                   seed_values=r.seed_values[:look.n_seeds], test=run_test(r, look.nominal_level, look.n_seeds))
 
 
 def _why(c: ClauseDecision, results: list[Result], looks: tuple) -> str:

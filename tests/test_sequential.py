@@ -3,6 +3,7 @@ numpy only, no training. Each test kind's false-decision rate under the null sta
 plus two Monte Carlo standard errors over 2,000 sequences of looks; its power under a stated
 alternative; futility at the effect of interest; graphical Holm across clauses; and the decision
 and the cells it asks for, rebuilt from synthetic run folders."""
+import json
 import math
 
 import numpy as np
@@ -158,8 +159,9 @@ def test_the_decision_asks_for_the_next_look_s_cells_then_stops(tmp_path):
     assert again.done and [c.status for c in again.clauses] == [AGREES, AGREES] and not again.next_cells
     assert again.headline == "agrees (2 of 2)"
     assert [lk.n_seeds for lk in again.clauses[0].looks] == [3, 6, 12]
-    # rebuilt from the folders alone: the same decision every time
+    # rebuilt from the folders alone: the same decision every time, as plain JSON
     assert decide_claim(claim, tmp_path).to_json() == again.to_json()
+    json.dumps(again.to_json(), allow_nan=False)
 
 
 def test_seeds_beyond_a_complete_look_wait_for_the_next_one(tmp_path):
@@ -169,3 +171,17 @@ def test_seeds_beyond_a_complete_look_wait_for_the_next_one(tmp_path):
     decision = decide_claim(claim, tmp_path)
     assert [lk.n_seeds for lk in decision.clauses[0].looks] == [3, 6]
     assert decision.clauses[0].next_seeds == tuple(range(12))
+
+
+def test_the_decision_report_shows_each_look_and_the_running_statistic(tmp_path):
+    from ablate.analysis.decision_report import write_decision_report
+
+    claim = parse_claim(CLAIM)
+    for s in range(12):
+        _failure_seed(tmp_path / "cells", s, True, False)
+    decision = decide_claim(claim, tmp_path / "cells")
+    report = write_decision_report(claim, tmp_path / "decide", decision, stopped="every clause decided")
+    text = report.read_text()
+    assert "**Verdict: agrees (2 of 2).**" in text and "The looks ended: every clause decided." in text
+    assert "| 12 |" in text and "unit: the seed" in text
+    assert (tmp_path / "decide" / "plots" / "decide_t.png").read_bytes().startswith(b"\x89PNG")
