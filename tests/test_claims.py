@@ -547,7 +547,8 @@ def test_reproduce_all_writes_each_verdict_and_plot_and_an_index_linking_every_c
         out = tmp_path / name
         saved = json.loads((out / "verdict.json").read_text())
         verdict = saved["verdict"]
-        assert verdict in (AGREES, DISAGREES, CANNOT_TELL) or verdict.startswith("agrees in part (")
+        assert saved["status"] in (AGREES, DISAGREES, CANNOT_TELL, "agrees in part") and verdict.startswith(
+            saved["status"] + " (") and saved["unit"] == "seed"  # the headline counts its clauses
         assert len(saved["clauses"]) == len(claim.clauses) and len(saved["reported"]) == len(claim.report)
         assert [len(c["results"]) for c in saved["clauses"]] == [len(c.compare) for c in claim.clauses]
         report = (out / "report.md").read_text()
@@ -569,7 +570,7 @@ def test_a_real_miniature_reproduces_end_to_end(tmp_path, capsys):
                    "--set", "eval_batches=1", "--set", "final_eval_batches=1", "--set", "seed=0"])
     assert status == 0
     verdict = json.loads((out / "verdict.json").read_text())
-    assert verdict["verdict"] == CANNOT_TELL  # one seed: no test
+    assert verdict["status"] == CANNOT_TELL and verdict["verdict"] == "cannot tell (1 of 1)"  # one seed: no test
     first = verdict["clauses"][0]["results"][0]
     assert first["n_pairs"] == 1 and math.isfinite(first["mean_a"]) and math.isfinite(first["mean_b"])
     assert (out / "plots" / "claim_residual-gradient.png").read_bytes()[:8] == PNG
