@@ -122,8 +122,8 @@ def t_test(d: np.ndarray, higher: bool, effect: float | None, level: float = ONE
                     margin if higher_is_worse else -margin, p_futile=p_futile, n=int(d.size), level=level)
     x = d if higher else -d  # the claimed way is always "x > 0"
     effect = effect or 0.0
-    return Test("one-sided t-test over seeds", estimate, interval, _t_p(x, 0.0, "greater"), _side(estimate, 0.0, higher),
-                0.0, p_beyond=_t_p(x, effect, "greater") if effect else None,
+    return Test("one-sided t-test over seeds", estimate, interval, _t_p(x, 0.0, "greater"),
+                _side(estimate, 0.0, higher), 0.0, p_beyond=_t_p(x, effect, "greater") if effect else None,
                 p_futile=_t_p(x, effect, "less") if effect else None, n=int(d.size), level=level)
 
 

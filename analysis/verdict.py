@@ -6,7 +6,6 @@ The rules it applies, with their references, are stated once, in analysis/claims
 """
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -235,7 +235,8 @@ def test_the_headline_counts_the_clauses_that_agree(tmp_path):
     higher, lower = entry("final_val_loss"), entry("final_val_loss", expect="lower")
     absent = entry("attn_logit_max")
     assert evaluate(claim_with([higher], [higher]), tmp_path).outcome == "agrees (2 of 2)"
-    assert evaluate(claim_with([higher], [absent]), tmp_path).outcome == "agrees in part (1 agree, 0 do not, 1 cannot tell)"
+    assert evaluate(claim_with([higher], [absent]), tmp_path).outcome == \
+        "agrees in part (1 agree, 0 do not, 1 cannot tell)"
     assert evaluate(claim_with([higher], [lower], [absent]), tmp_path).outcome == \
         "agrees in part (1 agree, 1 do not, 1 cannot tell)"  # every outcome counted, the other way included
     assert evaluate(claim_with([lower], [absent]), tmp_path).outcome == "does not agree (1 of 2, 1 cannot tell)"
