@@ -187,23 +187,25 @@ def as_dict(verdict: Verdict) -> dict:
             "reported": [result(r) for r in verdict.reported]}
 
 
-def write_claim_report(claim: Claim, out: Path, full: bool = True) -> tuple[Path, Verdict]:
+def write_claim_report(claim: Claim, out: Path, full: bool = True, cells: Path | None = None,
+                       seeds=None) -> tuple[Path, Verdict]:
     """report.md (the verdict section on top of `ablate report`'s report; with full=False the
     verdict section alone), the claim's plots and verdict.json for a grid folder that ran the
-    claim's grid."""
+    claim's grid. `cells`: the grid folder, when the report goes to another folder `out`;
+    `seeds`: the seeds whose cells the verdict reads (a design's; default every cell's)."""
     from ablate.analysis.claim_measures import Context
     from ablate.analysis.claim_plots import write_claim_plots
+    from ablate.analysis.load import load_runs
 
+    runs = load_runs(cells or out, seeds)
     if full:
         from ablate.analysis.analyse import analyse
 
-        analysis = analyse(out)
-        runs, metrics = analysis.runs, analysis.metrics
+        analysis = analyse(runs)
+        metrics = analysis.metrics
     else:
-        from ablate.analysis.load import load_runs
         from ablate.analysis.metrics import cell_metrics
 
-        runs = load_runs(out)
         metrics = cell_metrics(runs)
     verdict = evaluate(claim, runs, metrics)
     plots = write_claim_plots(claim, Context(runs, metrics), out / "plots")

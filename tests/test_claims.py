@@ -540,7 +540,7 @@ def test_reproduce_all_writes_each_verdict_and_plot_and_an_index_linking_every_c
 
     full_report = claim_report.write_claim_report
     monkeypatch.setattr(grid_runner, "run_grid", fake_run_grid)
-    monkeypatch.setattr(claim_report, "write_claim_report", lambda claim, out: full_report(claim, out, full=False))
+    monkeypatch.setattr(claim_report, "write_claim_report", lambda claim, out, **kw: full_report(claim, out, full=False, **kw))
     assert main(["reproduce", "all", "--quick", "--out", str(tmp_path), "--quiet"]) == 0
     text = (tmp_path / "index.md").read_text()
     printed = capsys.readouterr().out
