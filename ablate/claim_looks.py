@@ -245,6 +245,6 @@ def _g(x) -> str:
 
 
 def _shipped_report():
-    from ablate.analysis.claim_report import write_decision_report
+    from ablate.analysis.decision_report import write_decision_report
 
     return write_decision_report
