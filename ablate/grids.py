@@ -436,13 +436,17 @@ def parse_overrides(items: list[str] | Mapping[str, Any]) -> dict[str, Any]:
 
 
 def load_grid(grid: str | Path, scale: str = DEFAULT_SCALE, overrides: Mapping[str, Any] | None = None,
-              imports_policy: str = REFUSE_IMPORTS) -> Grid:
+              imports_policy: str = REFUSE_IMPORTS, seeds: list[int] | None = None) -> Grid:
     """Read, validate and expand a grid file (or shipped grid name) at `scale`. `overrides`
     (already typed, see parse_overrides) replace the value of their keys in every cell.
-    `imports_policy`: what to do with the file's imports (see _grid_imports)."""
+    `imports_policy`: what to do with the file's imports (see _grid_imports). `seeds`: every
+    setting at these seeds instead of the file's (a design of another size: the cells' ids are
+    the same as the file's at the seeds they share)."""
     path = find_grid(str(grid)) if not isinstance(grid, Path) else grid
     raw = read_grid_file(path, imports_policy)
     parts = _apply_scale(raw, scale)
+    if seeds is not None:
+        parts = _with_seeds(parts, seeds)
     overrides = dict(overrides or {})
     resolver = _Resolver()
     _check_tables(raw["source"], parts, overrides, resolver)
@@ -464,6 +468,16 @@ def load_grid(grid: str | Path, scale: str = DEFAULT_SCALE, overrides: Mapping[s
         combinations=combinations, duplicates=[(d, cells[k].id) for d, k in duplicates], refused=refused,
         id_keys=id_keys, configs=configs,
     )
+
+
+def _with_seeds(parts: dict, seeds: list[int]) -> dict:
+    """The scale's tables with every setting at `seeds`: the seed axis replaced (added where the
+    file fixes one seed) and every [[include]] entry's seeds replaced; an [[exclude]] that names
+    a seed keeps naming it."""
+    seeds = [coerce_option("seed", s) for s in seeds]
+    base = {k: v for k, v in parts["base"].items() if k != "seed"}
+    include = [{**entry, "seed": list(seeds)} for entry in parts["include"]]
+    return {**parts, "base": base, "axes": {**parts["axes"], "seed": list(seeds)}, "include": include}
 
 
 def _check_tables(source: str, parts: dict, overrides: dict[str, Any], resolver: _Resolver) -> None:

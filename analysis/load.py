@@ -15,7 +15,7 @@ import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO, Collection, Iterator
 
 import pandas as pd
 
@@ -143,15 +143,18 @@ class RunFiles:
         return summary_status(self.summary) or RUNNING
 
 
-def load_runs(path: str | Path) -> Runs:
+def load_runs(path: str | Path, seeds: Collection[int] | None = None) -> Runs:
     """Read a grid folder (grid.json and/or cell folders with config.json, finished or not)
-    or a single run directory (config.json directly inside). Raises RunsError otherwise."""
+    or a single run directory (config.json directly inside). Raises RunsError otherwise.
+    `seeds`: only the cells of these seeds (a design within a grid folder that holds more)."""
     scan = scan_runs(path)
     records, steps = [], []
     for cell_dir in scan.cell_dirs:
         files = read_run_files(cell_dir, scan.skipped)
         if files is not None:
             rec, st = _cell_frames(files)
+            if seeds is not None and rec["seed"] not in seeds:
+                continue
             records.append(rec)
             steps.append(st)
     return _assemble(scan.root, scan.kind, records, steps, scan.grid, scan.pending, scan.skipped)

@@ -5,9 +5,14 @@ in which direction, at which settings, the source's own figures) over one shippe
 verdict engine (ablate/analysis/claims.py) evaluates every claim. `--quick` (the default) runs
 the grid's CPU scale, `--full` its [scales.gpu]. Output: runs/claims/NAME[-full]/ (report.md
 with the verdict on top, plots/claim_NAME.png, verdict.json); `all` adds runs/claims/index.md.
+`--seeds N` runs a fixed design of N seeds instead of the grid's own (report in seeds-N/);
+`--decide` adds seeds in looks until each clause is decided (ablate/claim_looks.py; report in
+decide/). The cells are shared: ablate/claim_design.py says where each design's files go.
+Cells run on the grid machinery (ablate.grid_runner), on any of its backends.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from importlib import resources
@@ -27,15 +32,43 @@ QUICK_WORKERS = 2
 
 
 def add_arguments(p) -> None:
-    p.add_argument("claim", nargs="?", metavar="NAME", help="a claim (see --list), or `all`")
+    from ablate.commands.grid import add_execution_arguments
+
+    p.add_argument("claim", nargs="?", metavar="NAME", help="a claim (see --list), `all`, or a claim file (TOML)")
     p.add_argument("--list", action="store_true", help="list the claims: source, grid, cells, estimated time")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="CPU-sized: 2 cores, under 15 minutes a claim (default)")
     size.add_argument("--full", action="store_true", help="GPU-sized: the grid's [scales.gpu]")
-    p.add_argument("--out", type=Path, help="output folder (default runs/claims/NAME[-full]; for `all`, the root)")
-    p.add_argument("--workers", type=int, default=None, help="cells at once (default: 2 on CPU, 1 with --full); 0 = in this process")
+    design = p.add_mutually_exclusive_group()
+    design.add_argument("--seeds", metavar="N", help="a fixed design of N seeds instead of the grid's own (the "
+                                                     "grid's seeds, then the next ones); report in OUT/seeds-N/")
+    design.add_argument("--decide", action="store_true",
+                        help="add seeds in looks, only where a clause is undecided, until every clause is decided "
+                             "or --budget is spent (a group-sequential test holds the error rate); report in OUT/decide/")
+    p.add_argument("--budget", metavar="TIME", help="with --decide: wall time for each claim, e.g. 30m, 90s, 1h; a "
+                                                   "look whose estimate does not fit in what is left is not started")
+    p.add_argument("--dry-run", action="store_true", help="print the cells the design runs first and the estimate; "
+                                                         "train and write nothing")
+    p.add_argument("--out", type=Path, help="the cells' folder (default runs/claims/NAME[-full]; for `all`, the root)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override an option in every cell")
-    p.add_argument("--quiet", action="store_true")
+    add_execution_arguments(p)  # --backend, --workers (default: 2 on CPU, 1 with --full), the cluster options
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What was asked of every claim: its scale and overrides, the design, and how cells run."""
+
+    scale: str
+    overrides: dict
+    options: object  # ablate.grid_runner.GridRunOptions
+    n_seeds: int | None = None  # --seeds N
+    decide: bool = False
+    budget: float | None = None  # seconds, with --decide
+    dry_run: bool = False
+
+    @property
+    def quiet(self) -> bool:
+        return self.options.quiet
 
 
 # ------------------------------------------------------------------------------- claims
@@ -62,9 +95,20 @@ def shipped_claims() -> dict:
 
 
 def find_claim(name: str):
+    """A shipped claim by name, or a claim file (a path ending in .toml)."""
+    if name.endswith(".toml"):
+        from ablate.analysis.claims import ClaimError, load_claim
+
+        if not Path(name).is_file():
+            raise ConfigError(f"claim file {name!r} does not exist; valid: a claim TOML file or a shipped claim "
+                              f"({', '.join(shipped_claims())})")
+        try:
+            return load_claim(name)
+        except ClaimError as e:
+            raise ConfigError(str(e)) from None
     claims = shipped_claims()
     if name not in claims:
-        raise ConfigError(f"unknown claim {name!r}; valid: {', '.join([*claims, ALL])}")
+        raise ConfigError(f"unknown claim {name!r}; valid: {', '.join([*claims, ALL])}, or a claim file (TOML)")
     return claims[name]
 
 
@@ -147,32 +191,49 @@ def list_claims() -> int:
 # ------------------------------------------------------------------------------ running
 
 
+def request_from(args) -> Request:
+    """The Request of parsed arguments; every bad value refused here, before anything is read."""
+    from ablate.claim_design import check_seeds_override, parse_budget, parse_seeds
+    from ablate.grid_runner import GridRunOptions
+    from ablate.grids import parse_overrides
+
+    n_seeds, budget = parse_seeds(args.seeds), parse_budget(args.budget)
+    if budget is not None and not args.decide:
+        raise ConfigError(f"--budget {args.budget} is for --decide; valid: --decide --budget {args.budget}, or no --budget")
+    if args.workers is None and args.backend == "local":
+        args.workers = 1 if args.full else quick_workers()
+    options = GridRunOptions.from_args(args)  # contradictory execution flags refused here
+    overrides = parse_overrides(args.set)
+    if n_seeds is not None or args.decide:
+        check_seeds_override(overrides, "--decide" if args.decide else f"--seeds {n_seeds}")
+    return Request("gpu" if args.full else "cpu", overrides, options, n_seeds, args.decide, budget, args.dry_run)
+
+
 def run(args) -> int:
     if args.list:
         return list_claims()
     if not args.claim:
         raise ConfigError(f"missing NAME; valid: {', '.join([*shipped_claims(), ALL, '--list'])}")
-    if args.workers is not None and args.workers < 0:
-        raise ConfigError(f"--workers {args.workers} must be 0 (in this process) or more")
-    from ablate.grids import parse_overrides
-
-    overrides = parse_overrides(args.set)
-    scale = "gpu" if args.full else "cpu"
+    req = request_from(args)
     if args.claim == ALL:
-        return run_all(args, overrides, scale)
+        return run_all(args.out, req)
     claim = find_claim(args.claim)
-    out = args.out or DEFAULT_ROOT / (claim.name if scale == "cpu" else f"{claim.name}-full")
-    status, _ = reproduce(claim, out, scale, overrides, args)
+    status, _ = reproduce(claim, args.out or default_cells(claim, req.scale), req)
     return status
 
 
-def _plan(claim, out: Path, scale: str, overrides: dict):
-    """The loaded grid, refused before anything is written if it or --out is bad."""
-    from ablate.grid_runner import check_grid
-    from ablate.grids import load_grid
+def default_cells(claim, scale: str, root: Path = DEFAULT_ROOT) -> Path:
+    return root / (claim.name if scale == "cpu" else f"{claim.name}-full")
 
-    grid = load_grid(claim.grid, scale, overrides)
-    check_grid(grid, out)
+
+def _plan(claim, cells: Path, req: Request):
+    """The loaded grid of the design's first cells, refused before anything is written if it or
+    --out is bad."""
+    from ablate.claim_design import design_grid
+    from ablate.grid_runner import check_grid
+
+    grid = design_grid(claim, req.scale, req.overrides, None if req.decide else req.n_seeds)
+    check_grid(grid, cells)
     check_claim_grid(claim, grid)
     return grid
 
@@ -203,50 +264,94 @@ def check_claim_grid(claim, grid) -> None:
         raise ConfigError(str(e)) from None
 
 
-def reproduce(claim, out: Path, scale: str, overrides: dict, args, grid=None):
-    """Run the claim's grid (ablate.grid_runner, local workers), then write its report and
-    verdict. Returns (exit status, Verdict or None)."""
-    from ablate.analysis.claim_report import clause_line, write_claim_report
-    from ablate.grid_runner import GridRunOptions, run_grid
+def workers_of(req: Request) -> int:
+    """Cells at once, for the estimates: the local workers, else one worker's share."""
+    return max(1, req.options.workers or 1) if req.options.backend == "local" else quick_workers()
 
-    grid = grid or _plan(claim, out, scale, overrides)
-    workers = args.workers if args.workers is not None else (1 if scale == "gpu" else quick_workers())
-    print(f"{claim.name}: grid {grid.name}, {len(grid.cells)} cells, {grid.total_steps:,} steps, {workers} "
-          f"worker(s) -> {out}", flush=True)
-    if scale == "gpu":
+
+def look_seconds(grid, req: Request) -> float:
+    """Estimated wall time of exactly `grid`'s cells (ablate/bench/estimate.py; on a GPU scale the
+    lower bound below): the one place a design's time is estimated."""
+    if req.scale == "gpu":
+        return estimate_gpu_hours(grid) * 3600
+    from ablate.bench.estimate import grid_seconds
+
+    return grid_seconds(grid, workers_of(req))
+
+
+def print_plan(claim, grid, cells: Path, req: Request) -> None:
+    """The design's first cells, where they run, and (but for a dry run, which prints its own)
+    their estimated time."""
+    workers = workers_of(req)
+    where = f"{workers} worker(s)" if req.options.backend == "local" else f"--backend {req.options.backend}"
+    print(f"{claim.name}: grid {grid.name}, {len(grid.cells)} cells, {grid.total_steps:,} steps, {where} "
+          f"-> {cells}", flush=True)
+    if req.dry_run:
+        return
+    if req.scale == "gpu":
         print(f"estimated GPU time: {estimate_gpu_hours(grid):.2f} GPU-hours at least ({ASSUMED_MFU:.0%} of a "
               f"{ASSUMED_PEAK_FLOPS / 1e12:.0f} TFLOP/s bf16 GPU; small models reach less, so expect more)", flush=True)
-    else:
+    elif req.options.backend == "local":
         from ablate.bench.estimate import grid_speed
 
         speed = grid_speed(grid, workers)
-        seconds = quick_seconds(grid, max(1, workers), speed)
-        print(f"estimated time: about {_minutes(seconds)}{speed.span(seconds)} with {max(1, workers)} "
+        seconds = quick_seconds(grid, workers, speed)
+        print(f"estimated time: about {_minutes(seconds)}{speed.span(seconds)} with {workers} "
               f"cell(s) at once ({speed.source()})", flush=True)
+
+
+def reproduce(claim, cells: Path, req: Request, grid=None):
+    """Run the claim's design on the grid machinery into the grid folder `cells`, then write its
+    report and verdict. Returns (exit status, Verdict or None); with --decide, (exit status,
+    the sequential Decision or None)."""
+    if req.decide:
+        from ablate.claim_looks import run_decide
+
+        return run_decide(claim, cells, req, grid)
+    from ablate.analysis.claim_report import clause_line, write_claim_report
+    from ablate.claim_design import design_out
+    from ablate.grid_runner import run_grid
+
+    grid = grid or _plan(claim, cells, req)
+    out = design_out(cells, req.n_seeds, decide=False)
+    print_plan(claim, grid, cells, req)
+    if req.dry_run:
+        from ablate.commands.grid import dry_run
+
+        dry_run(grid, cells, workers_of(req))
+        print(f"report and verdict -> {out}")
+        return 0, None
     t0 = time.time()
-    status = run_grid(grid, out, GridRunOptions(workers=workers, quiet=args.quiet))
+    status = run_grid(grid, cells, req.options)
     if status == 2:
         return status, None
-    report, verdict = write_claim_report(claim, out)
+    out.mkdir(parents=True, exist_ok=True)
+    from ablate.claim_design import own_seeds
+
+    report, verdict = write_claim_report(claim, out, cells=cells if out != cells else None, seeds=own_seeds(grid))
     print(f"{claim.name}: {verdict.text()} ({time.time() - t0:.0f} s); report: {report}", flush=True)
     for i, clause in enumerate(verdict.clauses):
         print(f"  {clause_line(i, clause)}", flush=True)
     return status, verdict
 
 
-def run_all(args, overrides: dict, scale: str) -> int:
+def run_all(root: Path | None, req: Request) -> int:
     from ablate.analysis.claim_report import write_index
+    from ablate.claim_design import design_out
 
     claims = shipped_claims()
-    root = args.out or DEFAULT_ROOT
-    suffix = "" if scale == "cpu" else "-full"
-    planned = [(claim, root / f"{claim.name}{suffix}") for claim in claims.values()]
-    grids = [_plan(claim, out, scale, overrides) for claim, out in planned]  # every one checked first
+    root = root or DEFAULT_ROOT
+    planned = [(claim, default_cells(claim, req.scale, root)) for claim in claims.values()]
+    grids = [_plan(claim, cells, req) for claim, cells in planned]  # every one checked first
     worst, entries = 0, []
-    for (claim, out), grid in zip(planned, grids):
-        status, verdict = reproduce(claim, out, scale, overrides, args, grid)
+    for (claim, cells), grid in zip(planned, grids):
+        status, verdict = reproduce(claim, cells, req, grid)
         worst = max(worst, status)
-        entries.append((claim, out, verdict))
-    index = write_index(entries, root / f"index{suffix}.md")
+        entries.append((claim, design_out(cells, req.n_seeds, req.decide), verdict))
+    if req.dry_run:
+        return worst
+    suffix = "" if req.scale == "cpu" else "-full"
+    design = "-decide" if req.decide else f"-seeds-{req.n_seeds}" if req.n_seeds else ""
+    index = write_index(entries, root / f"index{suffix}{design}.md")
     print(f"index: {index}")
     return worst

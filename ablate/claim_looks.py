@@ -1,0 +1,250 @@
+"""`ablate reproduce CLAIM --decide [--budget 30m]`: seeds added in looks until each clause is decided.
+
+The statistics are analysis/sequential.py's: `decide_claim(claim, runs)` applies a group-
+sequential design over its LOOKS to whatever cells the grid folder holds, recomputed from the
+run directories at every call, and names the cells the next look needs (only for the clauses
+still undecided: the cells their selectors name; for a best-rate clause, the chosen rates on
+fresh seeds). This module runs the looks: the grid's own design first (the quick run, so a
+`--quick` already run is the first look), then each look's cells, on the grid machinery (the
+claim's grid folder, its cell locks, resume on rerun, any backend). A look whose estimated
+time does not fit in what is left of --budget is not started.
+
+decide.json (OUT/decide/) is this module's record: the cells of each look started and the
+seconds spent, so that a rerun after an interruption (kill -9 included) finishes the look it
+was in without asking the budget again, and counts the time already spent. It holds no
+decision: decisions come from the cells alone, so the rerun ends on the same verdict.json. A
+decide.json that does not match this claim, scale and overrides, or does not parse, is set
+aside (named on the output) and the budget starts afresh.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ablate.errors import ConfigError
+
+DECIDE_JSON = "decide.json"
+DECIDE_VERSION = 1
+ALL_DECIDED = "every clause decided"
+
+
+# ------------------------------------------------------------------------------ the record
+
+
+@dataclass
+class LookLog:
+    """decide.json: which looks were started (each look's cell ids) and the seconds spent."""
+
+    key: dict  # what the record belongs to: claim, scale, overrides
+    looks: list = field(default_factory=list)  # per look started: sorted cell ids
+    seconds: float = 0.0  # spent by this and earlier runs
+
+    @classmethod
+    def load(cls, path: Path, key: dict) -> tuple["LookLog", str]:
+        """The record at `path` if it is this design's; else a fresh one and why."""
+        from ablate.rundir import read_json
+
+        if not path.is_file():
+            return cls(key), ""
+        try:
+            data = read_json(path)
+            ok = (data.get("version") == DECIDE_VERSION and data.get("key") == key
+                  and all(isinstance(ids, list) and all(isinstance(i, str) for i in ids) for ids in data["looks"])
+                  and float(data["seconds"]) >= 0)
+        except (OSError, ValueError, AttributeError, TypeError, KeyError):
+            ok = False
+        if not ok:
+            return cls(key), f"{path}: not this design's record (or damaged): set aside, the budget starts afresh"
+        return cls(key, [list(ids) for ids in data["looks"]], float(data["seconds"])), ""
+
+    def was_started(self, index: int, ids: list[str]) -> bool:
+        return index < len(self.looks) and self.looks[index] == sorted(ids)
+
+    def start(self, index: int, ids: list[str]) -> None:
+        self.looks = self.looks[:index] + [sorted(ids)]
+
+    def write(self, path: Path) -> None:
+        from ablate.rundir import write_json_atomic
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, {"version": DECIDE_VERSION, "key": self.key, "looks": self.looks,
+                                 "seconds": round(self.seconds, 1)})
+
+
+class Budget:
+    """Wall time left of --budget, counting what earlier runs of this design spent."""
+
+    def __init__(self, seconds: float | None, spent_before: float):
+        self.seconds, self.before, self.t0 = seconds, spent_before, time.monotonic()
+
+    def spent(self) -> float:
+        return self.before + time.monotonic() - self.t0
+
+    def refusal(self, estimate: float, what: str) -> str:
+        """Why `what` (estimated `estimate` seconds) is not started; "" when it fits."""
+        from ablate.timefmt import fmt_time
+
+        if self.seconds is None:
+            return ""
+        left = self.seconds - self.spent()
+        if estimate <= left:
+            return ""
+        return (f"budget: {what}, about {fmt_time(estimate)}, does not fit in the {fmt_time(max(left, 0))} left of "
+                f"{fmt_time(self.seconds)}")
+
+
+# ------------------------------------------------------------------------------ the looks
+
+
+def unfinished(cells: Path, ids: list[str]) -> list[str]:
+    """The cells of `ids` that have not ended completed or diverged."""
+    from ablate.rundir import DONE, finished_status
+
+    return [i for i in ids if finished_status(cells / i) not in DONE]
+
+
+def design_key(claim, req) -> dict:
+    return {"claim": claim.name, "scale": req.scale, "overrides": {k: str(v) for k, v in sorted(req.overrides.items())}}
+
+
+def next_look(claim, req, first, decision) -> tuple:
+    """(grid, cell ids) of the cells `decision.next_cells` names, the grid loaded at the seeds
+    those name (its own seeds too, so its cells keep the ids they have)."""
+    from ablate.claim_design import design_grid, own_seeds, selected_ids
+
+    named = {int(s) for sel in decision.next_cells
+             for s in (sel.get("seed") if isinstance(sel.get("seed"), list) else [sel.get("seed", 0)])}
+    grid = design_grid(claim, req.scale, req.overrides, seeds=sorted(set(own_seeds(first)) | named))
+    return grid, selected_ids(grid, decision.next_cells)
+
+
+def run_look(claim, cells: Path, req, grid, ids: list[str], index: int, log: LookLog, budget: Budget,
+             out: Path) -> tuple[int | None, str]:
+    """Run look `index` (the cells `ids` of `grid`). Returns (grid exit status, or None when
+    nothing was run; why the looks stop here, or "")."""
+    from ablate.claim_design import subset
+    from ablate.commands.reproduce import look_seconds
+    from ablate.grid_runner import run_grid
+
+    todo = unfinished(cells, ids)
+    if not todo:
+        return None, ""
+    what = f"look {index + 1} ({len(todo)} cell{'s' if len(todo) != 1 else ''} to train)"
+    if not log.was_started(index, ids):  # a look started before is finished whatever is left
+        refused = budget.refusal(look_seconds(subset(grid, todo), req) if req.budget is not None else 0.0, what)
+        if refused:
+            return None, refused
+        log.start(index, ids)
+    log.seconds = budget.spent()
+    log.write(out / DECIDE_JSON)
+    print(f"{claim.name}: {what}, {len(ids)} cells in all -> {cells}", flush=True)
+    status = run_grid(subset(grid, ids), cells, req.options)
+    log.seconds = budget.spent()
+    log.write(out / DECIDE_JSON)
+    left = unfinished(cells, ids)
+    if status != 2 and left:
+        return status, (f"look {index + 1}'s cells did not all finish ({len(left)} left, e.g. {left[0]}); rerun to "
+                        "resume")
+    return status, ""
+
+
+def run_decide(claim, cells: Path, req, grid=None, decide_fn=None, report_fn=None):
+    """Run the looks into the grid folder `cells` until every clause is decided, no look is
+    left, the budget is spent or a look's cells could not finish; then write OUT/decide/.
+    `decide_fn`, `report_fn`: analysis.sequential.decide_claim and
+    claim_report.write_decision_report unless given (tests). Returns (exit status, Decision)."""
+    from ablate.claim_design import DECIDE_DIR
+    from ablate.commands.reproduce import _plan, print_plan
+
+    decide_fn = decide_fn or _shipped_decide()
+    first = grid or _plan(claim, cells, req)
+    out = cells / DECIDE_DIR
+    print_plan(claim, first, cells, req)
+    if req.dry_run:
+        return _dry_run(claim, first, cells, req, out)
+    log, note = LookLog.load(out / DECIDE_JSON, design_key(claim, req))
+    if note:
+        print(note, flush=True)
+    budget = Budget(req.budget, log.seconds)
+    index, grid, ids, worst, decision = 0, first, [c.id for c in first.cells], 0, None
+    while True:
+        status, stopped = run_look(claim, cells, req, grid, ids, index, log, budget, out)
+        if status == 2:
+            return 2, None
+        worst = max(worst, status or 0)
+        if stopped and decision is None and index == 0 and status is None:
+            raise ConfigError(f"--budget: {stopped.removeprefix('budget: ')}; nothing was run; valid: a budget "
+                              "that fits the first look")
+        if stopped:
+            break
+        decision = decide_fn(claim, _runs(cells))
+        if decision.done:
+            stopped = ALL_DECIDED if all(c.decided for c in decision.clauses) else "no look left"
+            break
+        grid, next_ids = next_look(claim, req, first, decision)
+        if set(next_ids) <= set(ids):  # nothing new to run: the statistics need cells that cannot finish
+            stopped = f"look {index + 1}'s cells are all run and the decision asks for no new cell"
+            break
+        index, ids = index + 1, next_ids
+    write_decision(claim, cells, out, decision, stopped, log, report_fn)
+    return max(worst, 0 if decision is not None else 1), decision
+
+
+def _runs(cells: Path):
+    from ablate.analysis.load import load_runs
+
+    return load_runs(cells)
+
+
+def _shipped_decide():
+    from ablate.analysis.sequential import decide_claim
+
+    return decide_claim
+
+
+def _dry_run(claim, first, cells: Path, req, out: Path):
+    from ablate.commands.grid import dry_run
+    from ablate.commands.reproduce import workers_of
+
+    dry_run(first, cells, workers_of(req))
+    budget = f" or until --budget {req.budget / 60:.1f} min is spent" if req.budget is not None else ""
+    print(f"look 1 is the grid's own design above; then looks add seeds only to the clauses still undecided, "
+          f"until each is decided{budget}; report and verdict -> {out}")
+    return 0, None
+
+
+# ----------------------------------------------------------------------------- the output
+
+
+def write_decision(claim, cells: Path, out: Path, decision, stopped: str, log: LookLog, report_fn=None) -> None:
+    """verdict.json (the decision and why the looks stopped: the same bytes whenever the cells
+    are the same), report.md (the statistics' own report), decide.json; and the summary."""
+    from ablate.analysis.safe_files import replace_atomic
+
+    out.mkdir(parents=True, exist_ok=True)
+    log.write(out / DECIDE_JSON)
+    if decision is None:
+        print(f"{claim.name}: no decision: {stopped}", flush=True)
+        return
+    verdict = {**decision.to_json(), "stopped": stopped}
+    text = json.dumps(verdict, indent=2, default=str) + "\n"
+    replace_atomic(out / "verdict.json", lambda f: f.write(text.encode()), fsync=False)
+    report_fn = report_fn or _shipped_report()
+    report = report_fn(claim, out, decision, cells=cells, stopped=stopped)
+    print(f"{claim.name}: {decision.headline}; stopped: {stopped} ({log.seconds / 60:.1f} min spent); "
+          f"report: {report}", flush=True)
+    for c in decision.clauses:
+        looks = ", ".join(f"{look.n_seeds} seeds: {_g(look.statistic)} vs {_g(look.boundary)}" for look in c.looks)
+        print(f"  ({c.letter}) {c.label}: **{c.status}** ({looks or 'no look'}); {c.why}", flush=True)
+
+
+def _g(x) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def _shipped_report():
+    from ablate.analysis.decision_report import write_decision_report
+
+    return write_decision_report

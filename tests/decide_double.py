@@ -1,0 +1,125 @@
+"""A TEST DOUBLE of analysis.sequential.decide_claim, for the runner's tests alone (never shipped
+behaviour): deterministic, from the cells on disk, with the contract's shape
+(/work/notes/45-contract.md): each clause asks for the cells its selectors name at LOOKS seeds,
+and is "decided" once a look of DECIDED_AT seeds is complete. Its numbers (the mean final loss
+of each side per look) come from the cells, so a verdict written from it shows whether the
+cells' bits came out the same.
+
+Run as a script, it runs `run_decide` with this double on a claim file: the process a kill -9
+test can kill (`python tests/decide_double.py CLAIM.toml CELLS`).
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+LOOKS = (3, 6, 12)
+DECIDED_AT = 6
+
+
+@dataclass
+class Look:
+    n_seeds: int
+    seeds: list
+    statistic: float | None
+    boundary: float | None
+
+
+@dataclass
+class ClauseDouble:
+    letter: str
+    label: str
+    looks: list
+    decided: bool
+    status: str
+    why: str
+    needs: list = field(default_factory=list)
+
+    @property
+    def next_seeds(self):
+        return self.needs[0]["seed"] if self.needs else None
+
+
+@dataclass
+class DecisionDouble:
+    clauses: list
+
+    @property
+    def done(self) -> bool:
+        return all(c.decided for c in self.clauses)
+
+    @property
+    def headline(self) -> str:
+        return "agrees (double)" if self.done else "cannot tell (double)"
+
+    @property
+    def next_cells(self) -> list:
+        return [s for c in self.clauses for s in c.needs]
+
+    def to_json(self) -> dict:
+        return {"double": True, "headline": self.headline,
+                "clauses": [{"label": c.label, "status": c.status, "why": c.why,
+                             "looks": [[k.n_seeds, k.statistic, k.boundary] for k in c.looks]} for c in self.clauses]}
+
+
+def _finished(cells, selector: dict, seeds) -> list | None:
+    """The final losses of the finished cells `selector` names at `seeds`, or None if one is missing."""
+    from ablate.analysis.selection import select
+
+    frame = cells[cells["status"].isin(["completed", "diverged"])]
+    values = []
+    for seed in seeds:
+        rows = frame[select(frame, {**selector, "seed": seed})]
+        if rows.empty:
+            return None
+        values.extend(rows["summary_final_val_loss"].astype(float).tolist())
+    return values
+
+
+def decide_double(claim, runs) -> DecisionDouble:
+    out = []
+    for i, clause in enumerate(claim.clauses):
+        selectors = [c.selector(side) for c in clause.compare for side in ("a", "b") if c.selector(side)]
+        looks = []
+        for n in LOOKS:
+            sides = [_finished(runs.cells, s, range(n)) for s in selectors]
+            if any(v is None for v in sides):
+                break
+            means = [round(sum(v) / len(v), 6) for v in sides]
+            looks.append(Look(n, list(range(n)), means[0] - means[-1], float(DECIDED_AT)))
+            if n >= DECIDED_AT:
+                break
+        decided = bool(looks) and looks[-1].n_seeds >= DECIDED_AT
+        n_next = next((n for n in LOOKS if n > (looks[-1].n_seeds if looks else 0)), None)
+        needs = [] if decided or n_next is None else [{**s, "seed": list(range(n_next))} for s in selectors]
+        out.append(ClauseDouble("abcdefgh"[i], clause.label, looks, decided, "agrees" if decided else "cannot tell",
+                                f"the double decides at {DECIDED_AT} seeds", needs))
+    return DecisionDouble(out)
+
+
+def report_double(claim, out, decision, cells=None, stopped=""):
+    path = out / "report.md"
+    path.write_text(f"# {claim.name} (test double)\n\n{decision.headline}; stopped: {stopped}\n")
+    return path
+
+
+def reference_speed() -> None:
+    """Estimates from ablate.bench.estimate.reference, as tests/conftest.py sets for in-process
+    tests: a test's process never calibrates (minutes on a loaded machine)."""
+    from ablate.bench import estimate
+
+    estimate.machine_speed = lambda threads=1, quiet=False: estimate.reference(threads)
+
+
+if __name__ == "__main__":
+    from pathlib import Path
+
+    reference_speed()
+    from ablate.claim_looks import run_decide
+    from ablate.commands.reproduce import Request, find_claim
+    from ablate.grid_runner import GridRunOptions
+
+    claim_file, cells = sys.argv[1], Path(sys.argv[2])
+    request = Request("cpu", {}, GridRunOptions(workers=0, quiet=True), decide=True)
+    status, _ = run_decide(find_claim(claim_file), cells, request, decide_fn=decide_double, report_fn=report_double)
+    sys.exit(status)
