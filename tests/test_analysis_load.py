@@ -1,14 +1,11 @@
 """analysis.load: run directories into frames, tolerant of live and crashed runs."""
 import json
 import math
-from pathlib import Path
 
 import pytest
 from synthetic_runs import write_grid, write_run
 
 from ablate.analysis.load import RunsError, layer_columns, load_runs
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_a_grid_loads_into_one_row_per_cell_and_one_per_cell_and_step(tmp_path):
