@@ -108,6 +108,7 @@ MODEL_VARIANTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", list(MODEL_VARIANTS))
 @pytest.mark.parametrize("name", RUN_HERE)
 def test_model_loss_and_gradients_match_reference(name, variant):
@@ -209,6 +210,7 @@ def _block(b, x, r, w, bias, h):
     return (s * b.activation("gelu", n) + b.gated("silu", g, u) + b.rms_norm(s, w, 1e-5)).square().mean()
 
 
+@pytest.mark.slow
 @needs_triton
 @pytest.mark.parametrize("compiler", ["aot_eager", "inductor"])
 def test_torch_compile_fullgraph_matches_eager(compiler):
@@ -264,6 +266,7 @@ def test_cuda_backend_without_a_gpu_is_a_one_line_config_error():
     assert "\n" not in str(e.value) and "cuda" in str(e.value)
 
 
+@pytest.mark.slow
 @needs_triton
 def test_kernels_check_command(monkeypatch, capsys):
     from ablate.cli import main
@@ -326,6 +329,7 @@ def test_there_are_cuda_sources():
     assert (CUDA_DIR / "binding.cpp").exists() and (CUDA_DIR / "ablate_kernels.h").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
 @pytest.mark.parametrize("source", CUDA_SOURCES)
 def test_cuda_source_compiles_for_sm90_without_warnings(compiled, source):
