@@ -1,6 +1,6 @@
 """The cores this process may use: its CPU affinity (the limit a container or `taskset` sets),
-else os.cpu_count(). Standard library only, so the tests' start-up reads it without the
-engine. (analysis/plot_jobs.py keeps a twin: analysis imports nothing of the engine.)"""
+else os.cpu_count(). Standard library only, so the tests' start-up and analysis/ (which imports
+nothing of the engine) read it without torch."""
 from __future__ import annotations
 
 import os

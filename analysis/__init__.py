@@ -1,6 +1,6 @@
 """Reads run directories: loading, stability metrics, statistics, plots, reports.
 
-The notebook API (README, "Looking at results"):
+The notebook API (docs/results.md, "In a notebook"):
 
     from ablate.analysis import load_runs, cell_metrics, group_stats, paired_comparison
     runs = load_runs("runs/prenorm-wins")   # runs.cells: one row per cell; runs.steps: per logged step

@@ -24,17 +24,9 @@ from pathlib import Path
 from typing import Callable
 
 from ablate.analysis.plots import Plot
+from ablate.cores import cpu_count
 
 Job = Callable[[], "Plot | None"]
-
-
-def available_cores() -> int:
-    # ablate.cores.cpu_count's twin, on purpose: analysis imports nothing of the engine but
-    # the run folder's modules (tests/test_analysis_load.py).
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def run_plot_jobs(jobs: list[Job], processes: int | None = None,
@@ -44,7 +36,7 @@ def run_plot_jobs(jobs: list[Job], processes: int | None = None,
     in a child come back with figure None: their files are written, their figures gone.
     `costs` (relative, one per job) starts the costliest first: the longest job then does not
     start last while the other cores idle (longest-processing-time-first scheduling)."""
-    processes = min(len(jobs), processes or available_cores())
+    processes = min(len(jobs), processes or cpu_count())
     if processes <= 1 or not sys.platform.startswith("linux") or _ray_is_running_here():
         return [job() for job in jobs]
     results: list[Plot | None] = [None] * len(jobs)

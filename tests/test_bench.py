@@ -52,6 +52,7 @@ def harness_optimizer(model):
         return make_optimizer(model, cfg, torch.device("cpu"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gelu, act", [("tanh", "gelu"), ("none", "gelu_erf")])
 def test_plain_loop_computes_the_harness_models_losses_step_after_step(gelu, act):
     """GPT-2's tanh GELU is the harness's default block; nanoGPT's exact GELU is the plain
@@ -130,6 +131,7 @@ def cells_of(line: str) -> list[str]:
     return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
+@pytest.mark.slow
 def test_bench_prints_what_it_times_the_step_table_and_the_fraction_of_peak(capsys, monkeypatch):
     from ablate.cli import main
 

@@ -91,6 +91,7 @@ def test_symlinked_temporaries_in_a_run_folder_never_clobber_their_targets(tmp_p
         assert target.read_text() == "keep me", name
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_a_checkpoint_is_one_line_exit_2_no_result_and_a_clean_resume(tmp_path, monkeypatch,
                                                                                        capsys):
     import errno

@@ -528,6 +528,7 @@ def synthetic_claim_runs(root, claim):
         add_metrics(run, {0: {f"block_change/layer_{i}": (0.1 if spec.residual else 1.2) + noise for i in range(3)}})
 
 
+@pytest.mark.slow
 def test_reproduce_all_writes_each_verdict_and_plot_and_an_index_linking_every_claim(tmp_path, monkeypatch, capsys):
     # The grids are not trained here (the real miniature below trains one): each claim's cells are
     # written as synthetic runs where the grid would run, and the verdicts come without the full report.

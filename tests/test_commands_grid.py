@@ -73,6 +73,7 @@ def cli(*argv, **kwargs):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
 
 
+@pytest.mark.slow
 def test_a_small_grid_runs_once_per_distinct_cell_and_a_rerun_trains_nothing(tmp_path, capsys):
     path = write_grid(tmp_path, """
         norm = ["pre", "post"]
@@ -96,6 +97,7 @@ def test_a_small_grid_runs_once_per_distinct_cell_and_a_rerun_trains_nothing(tmp
     assert mtimes == {c.id: (out / c.id / "summary.json").stat().st_mtime_ns for c in grid.cells}
 
 
+@pytest.mark.slow
 def test_kill_9_mid_grid_then_rerun_loses_and_duplicates_nothing(tmp_path):
     steps = 60  # long enough that the kill lands mid-grid even on a fast machine (it lands at step ~4)
     path = write_grid(tmp_path, "seed = [0, 1, 2]\n", steps=steps)
@@ -126,6 +128,7 @@ def test_kill_9_mid_grid_then_rerun_loses_and_duplicates_nothing(tmp_path):
     assert_complete(grid, out, steps)
 
 
+@pytest.mark.slow
 def test_two_grid_processes_on_one_folder_split_the_work(tmp_path):
     path = write_grid(tmp_path, "seed = [0, 1, 2, 3, 4, 5]\n", steps=30)
     grid, out = load_grid(path), tmp_path / "out"
@@ -140,6 +143,7 @@ def test_two_grid_processes_on_one_folder_split_the_work(tmp_path):
     assert_complete(grid, out, 30)
 
 
+@pytest.mark.slow
 def test_a_failing_cell_is_retried_then_recorded_and_the_grid_exits_1(tmp_path, capsys, monkeypatch):
     import ablate.train
 

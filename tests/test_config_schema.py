@@ -66,6 +66,7 @@ def test_changing_an_identity_option_changes_the_cell_id_or_is_refused_on_the_ru
         check_existing_run(other, run_dir)
 
 
+@pytest.mark.slow
 def test_a_run_directory_from_before_the_schema_still_resumes_and_reports(tmp_path, monkeypatch):
     """An old config.json (no identity_keys, plugins, model.init, and none of the new options in
     `train`) of an interrupted run: the same command resumes it to the uninterrupted metrics."""

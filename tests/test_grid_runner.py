@@ -1,6 +1,5 @@
 """The grid runner as a library (ablate.grid_runner), the one backend interface, and cells that
 hold their resolved config with the execution settings apart."""
-import ast
 import pickle
 from pathlib import Path
 
@@ -32,16 +31,6 @@ def test_every_backend_implements_the_one_interface():
         assert issubclass(cls, Backend) and cls.name == name
         for method in ("describe", "run"):
             assert getattr(cls, method) is not getattr(Backend, method), f"{name} lacks {method}"
-
-
-def test_no_module_imports_another_modules_private_names():
-    offenders = []
-    for path in PACKAGE.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ablate"):
-                offenders += [f"{path.relative_to(PACKAGE)}: {node.module}.{a.name}" for a in node.names
-                              if a.name.startswith("_") and a.name != "__version__"]
-    assert offenders == []
 
 
 def test_contradictory_execution_options_are_refused_when_made():

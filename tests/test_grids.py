@@ -366,6 +366,7 @@ def grid_with_import(tmp_path: Path) -> tuple[Path, Path]:
     return grid, plugin
 
 
+@pytest.mark.slow
 def test_a_cell_id_too_long_for_a_file_name_is_refused_at_dry_run(tmp_path, capsys):
     path = tmp_path / "long.toml"
     path.write_text(textwrap.dedent("""
@@ -405,6 +406,7 @@ def test_empty_grid_files_are_refused_and_a_file_name_names_a_nameless_grid(tmp_
     assert "the file name '%%%.toml' gives no grid name" in one_line(capsys.readouterr().err)
 
 
+@pytest.mark.slow
 def test_a_grid_files_import_is_listed_with_its_hash_and_not_run_on_dry_run(tmp_path):
     grid, plugin = grid_with_import(tmp_path)
     dry = run_cli("grid", grid, "--dry-run", "--out", tmp_path / "out", cwd=tmp_path)
@@ -418,6 +420,7 @@ def test_a_grid_files_import_is_listed_with_its_hash_and_not_run_on_dry_run(tmp_
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_a_grid_files_import_runs_only_with_consent(tmp_path):
     grid, plugin = grid_with_import(tmp_path)
     refused = run_cli("grid", grid, "--out", tmp_path / "out", "--set", "steps=1", cwd=tmp_path)

@@ -192,6 +192,7 @@ def _ladder(path, out):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
+@pytest.mark.slow
 def test_a_three_rung_ladder_survives_kill_9_and_reports_every_clause(tmp_path):
     path = tmp_path / "mini.toml"
     path.write_text(textwrap.dedent(MINI))

@@ -246,6 +246,7 @@ def test_z_loss_adds_exactly_its_coefficient_times_mean_squared_log_partition():
     assert torch.allclose(z_loss_term(torch.zeros(1, 3, 10)), torch.tensor(math.log(10) ** 2))
 
 
+@pytest.mark.slow
 def test_z_loss_changes_training_but_not_what_the_logged_loss_means(tmp_path):
     from ablate.cell import Cell
     from ablate.train import train

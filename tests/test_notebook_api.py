@@ -1,4 +1,4 @@
-"""The README's notebook example runs as written, on a synthetic prenorm-wins folder."""
+"""The notebook example of docs/results.md runs as written, on a synthetic prenorm-wins folder."""
 import re
 from pathlib import Path
 
@@ -7,18 +7,18 @@ from synthetic_runs import write_grid, write_run
 
 import ablate.analysis
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "results.md"
 
 
-def readme_example() -> str:
-    text = README.read_text()
-    section = text[text.index("### In a notebook"):]
+def notebook_example() -> str:
+    text = PAGE.read_text()
+    section = text[text.index("## In a notebook"):]
     match = re.search(r"```python\n(.*?)```", section, re.S)
-    assert match, "README: no python block under 'In a notebook'"
+    assert match, "docs/results.md: no python block under 'In a notebook'"
     return match.group(1)
 
 
-def test_the_readme_notebook_example_runs_and_rebuilds_the_report_numbers(tmp_path, monkeypatch, capsys):
+def test_the_notebook_example_runs_and_rebuilds_the_report_numbers(tmp_path, monkeypatch, capsys):
     root = tmp_path / "runs" / "prenorm-wins"
     cells = []
     for norm, offset in (("pre", 0.0), ("post", 0.4)):
@@ -31,7 +31,7 @@ def test_the_readme_notebook_example_runs_and_rebuilds_the_report_numbers(tmp_pa
     monkeypatch.chdir(tmp_path)
 
     namespace: dict = {}
-    exec(compile(readme_example(), "README.md", "exec"), namespace)
+    exec(compile(notebook_example(), "docs/results.md", "exec"), namespace)
 
     printed = capsys.readouterr().out
     assert "`post.layernorm.gelu.dense.res__lr=0.003__warmup=0` has a higher final loss" in printed

@@ -33,6 +33,7 @@ def _train_losses(options, steps=30):
 
 @pytest.mark.parametrize("options", [{"optimizer": "adamw"}, {"optimizer": "adam", "weight_decay": 0.0},
                                      {"optimizer": "sgd", "lr": 0.3}, {"optimizer": "muon", "lr": 3e-3}])
+@pytest.mark.slow
 def test_every_optimizer_trains_tiny_with_falling_loss(options):
     losses = _train_losses(options)
     assert all(map(math.isfinite, losses))

@@ -49,6 +49,7 @@ def snapshot(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_a_grid_refuses_a_folder_holding_another_grid(tmp_path, monkeypatch):
     monkeypatch.setenv("ABLATE_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "out"

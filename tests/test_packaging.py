@@ -24,8 +24,7 @@ def test_a_normal_install_puts_nothing_named_variants_or_analysis_in_site_packag
         for source in (REPO / folder).rglob("*.py"):
             assert f"{package}/{source.relative_to(REPO / folder).as_posix()}" in names, source
     assert "ablate/variants/grids/prenorm-wins.toml" in names
-    # The kernels' sources, headers included: an installed package builds its kernels from them
-    # (cuda/emu/, the tests' CPU emulation of CUDA, is not among them).
+    # The kernels' sources, headers included: an installed package builds its kernels from them.
     for source in (REPO / "ablate" / "kernels").glob("*/*"):
         if source.suffix in (".c", ".h", ".cu", ".cpp"):
             assert f"ablate/{source.relative_to(REPO / 'ablate').as_posix()}" in names, source

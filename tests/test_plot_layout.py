@@ -108,6 +108,7 @@ REPORT_PLOTS = ["loss_curves", "final_loss", "lr_sensitivity", "grad_norm_heatma
                 "grad_norm_profiles", "residual_rms"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", REPORT_PLOTS)
 def test_report_plot_texts_neither_overlap_nor_leave_the_figure(report_figures, name):
     fig = report_figures[name]

@@ -6,6 +6,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 
 def run_cli(*args, cwd=None, env=None, timeout=60):
     """`python -m ablate ...` in a child process (a hang is a failure, not a stuck suite)."""
@@ -56,6 +58,7 @@ def gpt2_half(model):
 """
 
 
+@pytest.mark.slow
 def test_a_plugin_edited_between_kill_and_rerun_is_refused_naming_both_hashes(tmp_path):
     plugin = tmp_path / "m.py"
     plugin.write_text(PLUGIN)
@@ -83,6 +86,7 @@ def test_a_plugin_file_that_is_not_python_is_one_line(tmp_path):
     assert "m.txt" in result.stderr and ".py" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_a_plugin_file_registers_values_that_train_in_a_two_worker_grid(tmp_path):
     plugin = tmp_path / "lab" / "my_blocks.py"
     plugin.parent.mkdir()

@@ -123,6 +123,7 @@ def test_a_finished_run_is_not_handed_back_for_other_data(tmp_path, capsys, text
 
 @pytest.mark.parametrize("extra", [[], ["--variant", "norm=post"], ["--set", "variant=gpt2", "--set", "norm=post"],
                                    ["--kernels", "cpu"], ["--checkpoint-every", "7"]])
+@pytest.mark.slow
 def test_the_same_run_spelled_another_way_is_still_a_no_op(tmp_path, capsys, extra):
     assert main(train_args(tmp_path)) == 0
     before = snapshot(tmp_path)
@@ -146,6 +147,7 @@ def test_resuming_with_another_option_names_it_and_both_values(tmp_path, capsys)
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_resumes_under_an_equivalent_variant_spelling(tmp_path, capsys, interrupt_at):
     args = ["--steps", "6", "--checkpoint-every", "100"]
     assert main([*BASE, "--out", str(tmp_path / "ref"), *args]) == 0
@@ -212,6 +214,7 @@ def test_a_run_on_interpreted_triton_kernels_says_why_it_is_slow_and_what_checks
 # ------------------------------------------------------------------ 4. final_loss follows the contract
 
 
+@pytest.mark.slow
 def test_final_loss_is_the_mean_of_the_last_ten_logged_steps_across_a_resume(tmp_path, interrupt_at):
     from ablate.analysis.metrics import final_loss
 
@@ -303,6 +306,7 @@ def test_unusable_out_and_config_paths_are_one_line_errors(tmp_path, capsys):
 # ------------------------------------------------------------------ 7. file modes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("umask", [0o022, 0o027])
 def test_results_get_the_normal_file_mode(tmp_path, umask):
     old = os.umask(umask)

@@ -59,6 +59,7 @@ def test_a_failed_write_leaves_neither_the_file_nor_a_temporary(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_status_check_never_makes_a_free_cell_look_busy(tmp_path):
     run_dir = tmp_path / "cell"
     run_dir.mkdir()

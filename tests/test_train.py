@@ -31,6 +31,7 @@ def without_timing(rows):
     return [{k: v for k, v in r.items() if k not in ("time_s", "tokens_per_s")} for r in rows]
 
 
+@pytest.mark.slow
 def test_loss_falls_on_the_default_corpus(tmp_path):
     run_dir, result = train_cell(tmp_path, steps=150, lr=3e-3, batch_size=8, seq_len=64, warmup=10)
     rows = metrics(run_dir)
@@ -112,6 +113,7 @@ CLI_ARGS = ["--steps", "40", "--batch-size", "4", "--seq-len", "32", "--checkpoi
             "--eval-every", "10", "--eval-batches", "2", "--threads", "1", "--quiet"]
 
 
+@pytest.mark.slow
 def test_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path):
     """SIGKILL (no chance to checkpoint: the last periodic checkpoint is resumed from) and
     SIGTERM (a checkpoint at the last finished step), each mid-run; both resumed runs log what
@@ -144,6 +146,7 @@ def test_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path):
         assert without_timing(resumed) == full, how.name
 
 
+@pytest.mark.slow
 def test_rerunning_a_finished_run_is_a_no_op(tmp_path, capsys):
     args = ["train", "--steps", "3", "--batch-size", "2", "--seq-len", "16", "--quiet", "--out", str(tmp_path)]
     assert main(args) == 0
@@ -244,6 +247,7 @@ def test_top_level_help_and_a_bad_command_import_no_command_and_no_torch():
     assert "invalid choice: 'bogus'" in p.stderr
 
 
+@pytest.mark.slow
 def test_a_different_config_in_the_same_directory_is_refused(tmp_path, capsys):
     base = ["train", "--steps", "3", "--batch-size", "2", "--seq-len", "16", "--quiet", "--out", str(tmp_path)]
     assert main(base) == 0
@@ -302,6 +306,7 @@ def test_probes_equal_their_definitions():
         assert metrics[f"act_norm/layer_{i}"] == pytest.approx(rms, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_options_come_from_a_config_file_and_flags_override_it(tmp_path, capsys):
     config = tmp_path / "run.toml"
     config.write_text('variant = "post-ln"\nsteps = 3\nbatch_size = 2\nseq_len = 16\nlr = 0.01\n')

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+# Every test compiles with Triton's real compiler and ptxas: minutes on a CPU, so all are slow.
+pytestmark = [pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed"),
+              pytest.mark.slow]
 
 KERNELS_PY = Path(__file__).resolve().parents[1] / "ablate" / "kernels" / "triton_kernels.py"
 

@@ -2,8 +2,8 @@
 MLPs, presets) and what trains them (inits, optimizers, schedules).
 
 Importing this package registers every built-in value. To add your own, register a class or
-function from a file of your own and pass it with `--import FILE` (see README, "Adding your
-own variant"); nothing in the engine changes. An optimizer or schedule declares the options it
+function from a file of your own and pass it with `--import FILE` (docs/variants.md,
+"Plugins"); nothing in the engine changes. An optimizer or schedule declares the options it
 reads (`options=(ComponentOption(...),)`, see optimizers.py); the axes themselves are declared in
 ablate/variant_axes.py.
 """

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from ablate.errors import ConfigError
-from ablate.kernels.ops_base import KernelBackend, define_ops
+from ablate.kernels.ops_base import KernelBackend, define_ops, sm_count
 
 SOURCE_DIR = Path(__file__).with_name("cuda")
 SOURCES = ("binding.cpp", "activations.cu", "norms.cu")
@@ -78,11 +78,6 @@ def _stream(t: torch.Tensor) -> int:
     return torch.cuda.current_stream(t.device).cuda_stream
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 class _Launchers:
     """ops_base.Launchers on the compiled extension (built on first use)."""
 
@@ -106,8 +101,7 @@ class _Launchers:
         self._ext(x).norm_forward(x, r, s, y, w, b, mean, rstd, eps, rms, _stream(x))
 
     def norm_bwd_programs(self, rows, cols, device):
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        return max(1, min(rows, 4 * _sm_count(index)))
+        return max(1, min(rows, 4 * sm_count(device)))
 
     def norm_bwd(self, dy, ds, x, w, mean, rstd, dx, dw_part, db_part, rms):
         self._ext(x).norm_backward(dy, ds, x, w, mean, rstd, dx, dw_part, db_part, rms, _stream(x))

@@ -24,6 +24,7 @@ dtypes (float16, float64), empty tensors, unknown activation names and norms wid
 backend's `max_norm_width` fall back to the `reference` backend.
 """
 import contextlib
+import functools
 from types import SimpleNamespace
 from typing import Optional, Protocol
 
@@ -79,6 +80,17 @@ def rows_pair(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     """Two same-shape tensors as 2-D views of one shape (flat only when both are contiguous)."""
     flat = a.is_contiguous() and b.is_contiguous()
     return as_rows(a, flat), as_rows(b, flat)
+
+
+def sm_count(device: torch.device) -> int:
+    """The streaming multiprocessors of a CUDA device: the norm backward launches a few
+    programs per SM, each writing one partial row of dweight/dbias."""
+    return _sm_count_of(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count_of(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 @contextlib.contextmanager

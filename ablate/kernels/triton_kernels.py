@@ -12,9 +12,10 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-import torch
 import triton
 import triton.language as tl
+
+from ablate.kernels.ops_base import sm_count
 
 INTERPRETED = bool(triton.knobs.runtime.interpret)
 
@@ -229,11 +230,6 @@ def _norm_warps(block: int) -> int:
     return min(max(block // 256, 1), 16)
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _quiet(fn):
     """Under the interpreter, numpy warns where the GPU silently overflows (exp(-x) -> inf)."""
     if not INTERPRETED:
@@ -294,7 +290,7 @@ def norm_fwd(x, r, s, y, w, b, mean, rstd, eps, rms):
 def norm_bwd_programs(rows, cols, device):
     if device.type != "cuda" or INTERPRETED:
         return min(rows, 4)
-    return min(rows, 4 * _sm_count(device.index if device.index is not None else torch.cuda.current_device()))
+    return min(rows, 4 * sm_count(device))
 
 
 @_quiet
