@@ -5,8 +5,8 @@ and is "decided" once a look of DECIDED_AT seeds is complete. Its numbers (the m
 of each side per look) come from the cells, so a verdict written from it shows whether the
 cells' bits came out the same.
 
-Run as a script, it runs `run_decide` with this double on a claim file: the process a kill -9
-test can kill (`python tests/decide_double.py CLAIM.toml CELLS`).
+Run as a script, it is `ablate reproduce CLAIM.toml --decide ...` with this double deciding: a
+process a kill -9 test can kill, or one on a cluster backend.
 """
 from __future__ import annotations
 
@@ -112,14 +112,14 @@ def reference_speed() -> None:
 
 
 if __name__ == "__main__":
-    from pathlib import Path
+    # `python tests/decide_double.py CLAIM.toml --decide --out CELLS [reproduce's flags]`: the
+    # command line of `ablate reproduce`, the looks decided by this double.
+    from ablate.claim_looks import run_decide
+    from ablate.cli import build_parser
+    from ablate.commands.reproduce import find_claim, request_from
 
     reference_speed()
-    from ablate.claim_looks import run_decide
-    from ablate.commands.reproduce import Request, find_claim
-    from ablate.grid_runner import GridRunOptions
-
-    claim_file, cells = sys.argv[1], Path(sys.argv[2])
-    request = Request("cpu", {}, GridRunOptions(workers=0, quiet=True), decide=True)
-    status, _ = run_decide(find_claim(claim_file), cells, request, decide_fn=decide_double, report_fn=report_double)
+    args = build_parser(only="reproduce").parse_args(["reproduce", *sys.argv[1:]])
+    status, _ = run_decide(find_claim(args.claim), args.out, request_from(args), decide_fn=decide_double,
+                           report_fn=report_double)
     sys.exit(status)

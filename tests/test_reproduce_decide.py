@@ -165,11 +165,16 @@ def test_a_larger_design_reuses_the_quick_cells_and_writes_its_own_verdict(tmp_p
 # ----------------------------------------------------------------- --decide, with a double
 
 
-def _request(**kw):
-    from ablate.commands.reproduce import Request
+def _options(**kw):
     from ablate.grid_runner import GridRunOptions
 
-    return Request("cpu", {}, GridRunOptions(workers=0, quiet=True), decide=True, **kw)
+    return GridRunOptions(**{"workers": 0 if kw.get("backend", "local") == "local" else None, "quiet": True, **kw})
+
+
+def _request(options=None, **kw):
+    from ablate.commands.reproduce import Request
+
+    return Request("cpu", {}, options or _options(), decide=True, **kw)
 
 
 def _decide(tmp_path, **kw):
@@ -243,10 +248,12 @@ def test_a_record_of_another_design_is_set_aside_not_trusted(tmp_path):
 # ----------------------------------------------------------- kill -9 mid-look, and rerun
 
 
-def _double_process(claim: Path, cells: Path) -> subprocess.Popen:
-    # The double's script runs run_decide with decide_double in one process (--workers 0): the
-    # kill lands on the process that trains, decides and writes alike.
-    return subprocess.Popen([sys.executable, str(TESTS / "decide_double.py"), str(claim), str(cells)],
+def _double_process(claim: Path, cells: Path, *flags) -> subprocess.Popen:
+    # `ablate reproduce --decide` decided by decide_double; --workers 0 unless flags say otherwise:
+    # the kill lands on the process that trains, decides and writes alike.
+    flags = flags or ("--workers", "0")
+    return subprocess.Popen([sys.executable, str(TESTS / "decide_double.py"), str(claim), "--decide", "--out",
+                             str(cells), "--quiet", *flags],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
@@ -269,3 +276,38 @@ def test_decide_killed_9_mid_look_and_rerun_ends_on_the_same_verdict(tmp_path):
     assert rerun.returncode == 0, text
     assert (cells / "decide" / "verdict.json").read_bytes() == (tmp_path / "whole" / "decide" / "verdict.json").read_bytes()
     assert cell_ids(cells) == cell_ids(tmp_path / "whole")
+
+
+# ------------------------------------------------------------------- on cluster backends
+
+
+@pytest.mark.slow
+def test_decide_runs_its_looks_on_the_slurm_backend(tmp_path):
+    # submitit's in-process executor: the SLURM backend's submission and collection, no cluster
+    status, decision, cells = _decide(tmp_path, options=_options(backend="slurm", slurm_cluster="debug"))
+    assert status == 0 and decision.done
+    assert seeds_of(cell_ids(cells), "gelu") == list(range(DECIDED_AT)) and seeds_of(cell_ids(cells), "silu") == [0, 1, 2]
+    assert json.loads((cells / "decide" / "verdict.json").read_text())["stopped"] == "every clause decided"
+
+
+def _ray_cluster_answers() -> bool:
+    pytest.importorskip("ray")
+    probe = "import ray; ray.init(address='auto', log_to_driver=False)"
+    try:
+        with one_ray_at_a_time():
+            return subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=60).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+@pytest.mark.slow
+def test_decide_runs_its_looks_on_a_running_ray_cluster(tmp_path):
+    if not _ray_cluster_answers():
+        engine_missing("no running Ray cluster (ray.init(address='auto') fails); start one with "
+                       "`ray start --head --num-cpus 2`")
+    claim = mini_claim(tmp_path)
+    with one_ray_at_a_time():
+        proc = _double_process(claim, tmp_path / "cells", "--backend", "ray", "--address", "auto")
+        text = proc.communicate(timeout=900)[0]
+    assert proc.returncode == 0, text
+    assert "Ray (auto)" in text and seeds_of(cell_ids(tmp_path / "cells"), "relu") == list(range(DECIDED_AT))
