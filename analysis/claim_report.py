@@ -6,8 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from ablate.analysis.claim_measures import MEASURES
-from ablate.analysis.claims import NON_INFERIORITY, Claim
+from ablate.analysis.claims import Claim
 from ablate.analysis.outcomes import SCORING_RULE
 from ablate.analysis.safe_files import replace_atomic
 from ablate.analysis.verdict import (CANNOT_TELL, CORRECTION, ClauseResult, Result, Verdict, evaluate,
@@ -33,7 +32,7 @@ def _g(x: float, digits: int = 3) -> str:
 
 
 def figure(r: Result) -> str:
-    """The key figure: the estimate with its interval and p-value, from one test."""
+    """The key figure: the seeds' estimate with its interval and p-values, from one test."""
     t = r.test
     if t is None:
         return r.note or "no test"
@@ -42,44 +41,34 @@ def figure(r: Result) -> str:
             f"a - b = {_g(t.estimate, 4)} {r.unit} (exact)"
     ci = f"[{t.interval.low:.3g}, {t.interval.high:.3g}]" if t.interval else "(no interval)"
     level = f"{t.interval.confidence:.0%}" if t.interval else ""
-    if MEASURES[r.compare.measure].test == "binary" and t.p_value is None:
-        return f"{t.detail}: no discordant pair, no test"
-    if MEASURES[r.compare.measure].test == "binary":
-        what = (f"share of discordant pairs where a alone {r.unit.split()[-1]}" if r.compare.b is not None
-                else f"rate (against {r.compare.than:g})")
-        return f"{t.detail}; {what} {t.estimate:.2f} {ci} ({level} Clopper-Pearson); {t.name} p = {_p(t.p_value)}"
-    kind = f"{level} t interval" + (", its upper end the one-sided bound" if r.compare.expect in NON_INFERIORITY
-                                    else "")
-    return f"a - b = {_g(t.estimate)} {ci} {r.unit} ({kind}); {t.name} p = {_p(t.p_value)}"
+    ps = f"p = {_p(t.p_value)}" + (f", beyond the effect p = {_p(t.p_beyond)}" if t.p_beyond is not None else "") + \
+        (f", short of it p = {_p(t.p_futile)}" if t.p_futile is not None else "")
+    if r.kind == "binary":
+        what = "share failed, a - b" if r.compare.b is not None else f"share failed - {r.compare.than:g}"
+        return (f"{t.detail}; per-seed {what}: median {t.estimate:+.3g} {ci} ({level} sign-test interval); "
+                f"{t.name} (one-sided), {ps}")
+    kind = f"{level} t interval, each end a one-sided bound"
+    return f"a - b = {_g(t.estimate)} {ci} {r.unit} over {t.n} seeds ({kind}); {t.name}, {ps}"
 
 
 def _excluded(r: Result) -> str:
     """What a result that cannot tell still rules out, and what would resolve it."""
-    t, parts, kind = r.test, [], MEASURES[r.compare.measure].test
+    t, parts = r.test, []
     if t is None:
         return r.note
-    if kind == "t" and t.interval is not None and r.compare.effect and _beyond(t, r.compare):
-        return (f"a - b = {_g(t.estimate)} [{t.interval.low:.3g}, {t.interval.high:.3g}] {r.unit}, p = "
-                f"{_p(t.p_value)}: beyond the smallest effect of interest on its own")
-    if t.interval is not None and kind == "t":
-        parts.append(f"the data exclude a - b below {t.interval.low:+.3g} or above {t.interval.high:+.3g} {r.unit}")
-    if kind == "binary" and t.detail:
-        parts.append(f"failed {t.detail}" if r.compare.measure == "failed" else t.detail)
-    if t.interval is not None and kind == "binary":
-        what = (f"the share of discordant pairs where a alone {r.unit.split()[-1]}" if r.compare.b is not None
-                else "a's rate")
-        parts.append(f"the data exclude {what} outside [{t.interval.low:.2f}, {t.interval.high:.2f}]")
-    if r.seeds_needed is not None:
+    if t.interval is not None and t.name != "exact count":
+        what = "a - b" if r.kind == "t" else "the seeds' median of a - b"
+        parts.append(f"the data exclude {what} below {t.interval.low:+.3g} or above {t.interval.high:+.3g} {r.unit}")
+    if r.kind == "binary" and t.detail:
+        parts.append(t.detail)
+    if r.seeds_needed is not None and r.kind == "binary":
+        parts.append(f"a sign test needs at least {r.seeds_needed} seeds, every one the claimed way")
+    elif r.seeds_needed is not None:
         parts.append(f"about {r.seeds_needed} seeds would resolve the smallest effect of interest "
-                     f"({r.compare.effect:g} {r.unit})")
-    elif r.compare.effect and kind == "t":
+                     f"({r.compare.effect:g} {r.unit}; one-sided, spread pooled over {r.spread[1]} degrees of freedom)")
+    elif r.compare.effect and r.kind == "t":
         parts.append(f"no estimate of the seeds that would resolve {r.compare.effect:g} {r.unit} (no spread observed)")
     return "; ".join(parts)
-
-
-def _beyond(t, c) -> bool:
-    """Whether the interval lies wholly past the smallest effect of interest, the claimed way."""
-    return t.interval.low > c.effect if c.higher else t.interval.high < -c.effect
 
 
 def _side_notes(r: Result) -> list[str]:
@@ -107,10 +96,13 @@ def sentence(r: Result) -> str:
     head = f"{c.label} (a: {_sel(c.a)}; b: {b}{'; at ' + _sel(c.at) if c.at else ''})"
     if not r.keys:
         return f"{head}: {r.note or 'no paired values'}."
-    units = f"{r.n_pairs} paired unit{'s' if r.n_pairs != 1 else ''} ({len(r.seeds)} seed{'s' if len(r.seeds) != 1 else ''})"
+    units = (f"unit: the seed, n = {r.n_seeds} seed{'s' if r.n_seeds != 1 else ''} ({r.n_pairs} paired "
+             f"cell{'s' if r.n_pairs != 1 else ''})")
     values = ""
-    if MEASURES[c.measure].test == "t" and r.n_pairs <= 12:
-        values = "per-unit a - b: " + ", ".join(f"{x - y:+.3g}" for x, y in zip(r.a, r.b))
+    if r.kind != "exact" and r.n_seeds <= 24:
+        values = "per-seed a - b: " + ", ".join(f"{x:+.3g}" for x in r.seed_values)
+    if r.sweep_seeds:
+        values += f"; rates chosen on seeds {', '.join(map(str, r.sweep_seeds))}, tested on the others"
     parts = [f"a {r.mean_a:.4g} vs b {r.mean_b:.4g} {r.unit} over {units}", figure(r), values, *_side_notes(r),
              r.note if r.test is not None else ""]
     return f"{head}: {'; '.join(p for p in parts if p)}."
@@ -123,7 +115,7 @@ def clause_line(i: int, c: ClauseResult) -> str:
     exact = all(r.test is not None and r.test.name == "exact count" for r in c.results)
     p = " (an exact count, no test)" if exact else \
         f" (Holm-adjusted p = {_p(c.p_adjusted)})" if c.p_adjusted is not None else ""
-    line = f"({LETTERS[i]}) {c.clause.label}: **{c.outcome}**{p}"
+    line = f"({LETTERS[i]}) {c.clause.label}: **{c.outcome}**{p}" + (f": {c.why}" if c.why and c.decided else "")
     if c.outcome == CANNOT_TELL:
         excluded = [x for x in (_excluded(r) for r in c.results) if x]
         if excluded:
@@ -158,14 +150,16 @@ def verdict_section(verdict: Verdict, plots: dict | None = None) -> str:
 
 def method_note(verdict: Verdict) -> str:
     claim = verdict.claim
-    return (f"Method (analysis/claims.py states every rule, with its reference): units pair by seed (same seed = "
-            f"same initial weights and batches) and by every other axis the two sides share; several units of one "
-            f"seed are taken as independent. Each comparison's interval and p-value come from one test at alpha {claim.alpha:g}. A "
-            f"clause agrees when every comparison in it points the claimed way (intersection-union: its p-value is "
-            f"the largest of theirs); the {len(verdict.clauses)} clauses' p-values are "
-            f"{CORRECTION.title()}-adjusted together. Failed training runs are counted: {SCORING_RULE}; a cell that "
-            f"did not finish is a missing value, named above. \"Cannot tell\" gives the interval's ends and the seeds "
-            f"that would resolve the clause's declared smallest effect.")
+    return (f"Method (analysis/claims.py states every rule, with its reference): the unit is the seed (same seed = "
+            f"same initial weights and batches; rates and warmups are design): each seed's paired cells are averaged "
+            f"into one value and every test runs over seeds, one-sided at {claim.alpha:g}, its interval and p-values "
+            f"from the same test. A clause agrees when every comparison in it is shown beyond 0 the claimed way "
+            f"(intersection-union), and does not agree when its interval excludes the declared smallest effect of "
+            f"interest (no effect as large as the claim needs); the {len(verdict.clauses)} clauses' p-values are "
+            f"{CORRECTION.title()}-adjusted together, and the headline, a conjunction, agrees when every clause is "
+            f"shown. Failed training runs are counted: {SCORING_RULE}; a cell that did not finish is a missing "
+            f"value, named above. Best rates are chosen on the sweep's seeds and tested on fresh ones. \"Cannot "
+            f"tell\" gives the interval's ends and about how many seeds would resolve the declared smallest effect.")
 
 
 # ------------------------------------------------------------------------------- on disk
@@ -179,12 +173,16 @@ def as_dict(verdict: Verdict) -> dict:
                 "estimate": t.estimate if t else None, "interval": [t.interval.low, t.interval.high] if t and t.interval
                 else None, "p_value": t.p_value if t else None, "diff": r.diff, "mean_a": r.mean_a, "mean_b": r.mean_b,
                 "unit": r.unit, "n_pairs": r.n_pairs, "seeds": list(r.seeds), "seeds_needed": r.seeds_needed,
+                "n_seeds": r.n_seeds, "per_seed": list(r.seed_values), "test_unit": "seed",
+                "p_beyond": t.p_beyond if t else None, "p_futile": t.p_futile if t else None,
                 "effect": r.compare.effect, "best_lr": {s: [[w, lr, e] for w, lr, e in p] for s, p in r.best.items()},
                 "outcomes": r.outcomes, "missing": {s: len(m) for s, m in r.missing.items()}, "note": r.note}
 
-    return {"claim": verdict.claim.name, "verdict": verdict.text(),
+    return {"claim": verdict.claim.name, "verdict": verdict.text(), "status": verdict.status, "unit": "seed",
+            "alpha": verdict.claim.alpha,
             "clauses": [{"label": c.clause.label, "sentence": c.clause.sentence, "outcome": c.outcome,
                          "line": clause_line(i, c), "p_value": c.p_value, "p_adjusted": c.p_adjusted,
+                         "why": c.why, "p_agree": c.p_agree, "p_futile": c.p_futile,
                          "results": [result(r) for r in c.results]} for i, c in enumerate(verdict.clauses)],
             "reported": [result(r) for r in verdict.reported]}
 

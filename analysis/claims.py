@@ -22,39 +22,69 @@ unit: what "cannot tell" converts into the seeds that would resolve it (for an e
 fraction of b: the difference must reach it to count). `best_lr = true`
 compares each side at its own best learning rate.
 
-The rules (alpha 0.05 unless the claim sets `alpha`):
+The rules (analysis/decide.py and analysis/sequential.py apply them):
 
-  units       cells pair by key: the seed (same seed = same initial weights and batches) and
-              every other axis that varies within a side, except the axes that tell a from b
-              and those the measure aggregates over (`consumes`, e.g. lr for LR sensitivity)
-  best rate   with `best_lr = true` each side is taken at its own best learning rate, chosen by
-              the lowest mean scored validation loss over seeds among the rates its grid swept
-              (per value of any other axis the side leaves open), and the verdict names the
-              rate each side got; a best rate at either end of the sweep is flagged ("best lr
-              at the edge of the sweep"): the true best may lie outside it
-  failed runs a plateaued or diverged cell is a failed training run (analysis/outcomes.py):
-              loss measures score it as the unigram entropy, failure measures count it; a cell
-              that did not finish at all is a missing value, counted and named, never dropped
-              in silence
-  one test    each comparison takes one test of analysis/decide.py (paired t, non-inferiority,
-              exact McNemar, exact binomial, or an exact count), whose interval and p-value come
-              from the same test at the same level, so they never disagree
+  the unit    is the seed (Fisher's unit of randomisation: only the seed draws the initial weights
+              and the batches; rates, warmups and the other axes are fixed design). Cells pair by
+              key, the seed and every other axis that varies within a side, except the axes that
+              tell a from b and those the measure aggregates over (`consumes`); then each seed's
+              paired cells are averaged into ONE value per seed (a failure measure: the difference
+              in the share of failed cells over the rates and warmups the comparison reads), and
+              the test runs over seeds, n = seeds. Adding rates adds no units.
+  one level   every test is one-sided in the claimed direction at one level, alpha = 0.025
+              (stats.ONE_SIDED_ALPHA, half the usual two-sided 0.05) unless the claim sets its
+              own `alpha`; the interval is the two-sided 1 - 2 alpha interval of the same test,
+              each end the one-sided bound its test uses.
+  the tests   continuous measures: the one-sided t-test over seeds (Student 1908); failure
+              measures: the exact sign test over seeds (Conover 1999, Practical Nonparametric
+              Statistics, 3.4), whose smallest p at n seeds is 1/2^n, so below
+              ceil(log2(1/alpha)) seeds (6 at 0.025) it cannot decide: the claim's check against
+              its grid flags such a clause ("cannot decide with 3 seeds; needs at least 6");
+              an exact count (a parameter count) decides without a test.
+  effect      every clause comparison declares `effect`, its smallest effect of interest in the
+              measure's unit (for an exact count, a fraction of b), and the claim file says why
+              that size. "Agrees" needs the effect shown beyond 0 the claimed way and says whether
+              it is also shown beyond `effect`; "does not agree: no effect as large as X" when the
+              interval's claimed-side end falls short of X (futility; for "a matches b", a shown
+              worse by the margin or more). Both read one interval, so they never contradict.
+  best rate   with `best_lr = true` each side's rate is chosen on the sweep's seeds (the lowest
+              verdict.SWEEP_SEEDS = 3) by the lowest mean scored validation loss among the swept
+              rates (per value of any other axis the side leaves open), and the comparison is made
+              at the chosen rates on FRESH seeds only: testing on the seeds that chose the rate
+              favours the arm with the flatter basin (the winner's curse). Without fresh seeds the
+              comparison says so and cannot tell. A rate at either end of the sweep is flagged.
+  failed runs a plateaued or diverged cell is a failed training run (analysis/outcomes.py): loss
+              measures score a completed run as min(loss, unigram entropy) and a diverged one the
+              entropy, a score without a jump; failure measures count it; a cell that did not
+              finish at all is a missing value, counted and named, never dropped in silence
   a clause    is an intersection-union test (Berger 1982, Technometrics 24(4), 295-300): it agrees
-              when every one of its comparisons points the claimed way, and its p-value is the
-              largest of theirs (testing each at alpha already bounds the chance of a false
-              "agrees", so no correction within); it does not agree when any comparison points
-              the other way, with the smallest such p-value times the clause's comparisons
-              (Bonferroni: any one of them can make that verdict)
+              when every comparison in it is shown (its p-value is the largest of theirs; testing
+              each at alpha bounds the chance of a false "agrees", so no correction within); it
+              does not agree when any comparison is futile, with the smallest futility p times the
+              clause's comparisons (Bonferroni: any one of them can make that verdict). Of the two
+              (at most one of their nulls is true) the smaller p is the clause's.
   clauses     are a family of separately reported results: their p-values are Holm-adjusted
-              together (Holm 1979, Scand. J. Statist. 6, 65-70), and a clause agrees / does not
-              agree when its adjusted p-value is below alpha. Reports ([[report]]) are shown, unadjusted, never deciding
-  headline    "agrees" when every clause agrees, "agrees in part (k of n clauses)" when some do,
-              "does not agree" when none does and at least one does not agree, else
-              "cannot tell"
-  cannot tell says what the data exclude (the interval's ends) and how many seeds would resolve
-              the clause's declared smallest effect of interest (not the observed effect, which
-              with 2 degrees of freedom is uncertain by an order of magnitude), from the observed
-              spread, at alpha / (number of clauses), Holm's first step
+              together (Holm 1979, Scand. J. Statist. 6, 65-70); in a sequential design the Holm
+              levels are carried to each clause's group-sequential boundaries (graphical Holm,
+              Maurer & Bretz 2013, Stat. Biopharm. Res. 5(4), 311-320). Reports ([[report]]) are
+              shown, unadjusted, never deciding.
+  headline    the whole statement is a conjunction: it agrees when every clause is shown at the
+              full level, with no correction (intersection-union again). The headline counts every
+              outcome: "agrees (n of n)", "agrees in part (k agree, m do not, r cannot tell)",
+              "does not agree (m of n, r cannot tell)", "cannot tell (n of n)".
+  sequential  `ablate reproduce --decide` adds seeds in looks (sequential.LOOKS: 3, 6, 12, 24)
+              only for undecided clauses; each look's nominal level comes from the Lan-DeMets
+              O'Brien-Fleming alpha-spending function (Lan & DeMets 1983, Biometrika 70(3),
+              659-663) with boundaries from scipy's multivariate normal; futility stops are read
+              on the same repeated confidence bounds (Jennison & Turnbull 1989, JRSS B 51(3),
+              305-361), non-binding. So the error rate holds however many looks are taken.
+  cannot tell says what the data exclude (the interval's ends) and about how many seeds would
+              resolve the declared smallest effect (not the observed one): for a t test, one-sided
+              power 0.8 at alpha / (number of clauses), Holm's first step, from the spread of a - b
+              pooled across the comparison's design points (each rate's differences over seeds:
+              many more degrees of freedom than three seeds' means, and an upper bound on their
+              spread); for a sign test, the fewest seeds at which it can decide at all; none for an
+              exact count.
 """
 from __future__ import annotations
 
@@ -67,7 +97,7 @@ import pandas as pd
 
 from ablate.analysis.claim_measures import MEASURES
 from ablate.analysis.selection import SelectionError, select
-from ablate.analysis.stats import DEFAULT_ALPHA
+from ablate.analysis.stats import ONE_SIDED_ALPHA
 
 EXPECTATIONS = ("higher", "lower", "not_higher", "not_lower")
 NON_INFERIORITY = ("not_higher", "not_lower")
@@ -132,7 +162,7 @@ class Claim:
     why_plot: str | None = None  # the plot kind that shows the mechanism behind the verdict
     why_params: dict = field(default_factory=dict)
     scale_note: str = ""
-    alpha: float = DEFAULT_ALPHA
+    alpha: float = ONE_SIDED_ALPHA
     path: str | None = None
 
     @property
@@ -182,9 +212,9 @@ def parse_claim(data: dict[str, Any], where: str = "claim") -> Claim:
         _fail(where, "a claim needs at least one [[clause]]")
     report = tuple(_parse_compare(e, f"{where}: [[report]][{i}]", deciding=False)
                    for i, e in enumerate(_tables(data, "report", where)))
-    alpha = data.get("alpha", DEFAULT_ALPHA)
-    if not isinstance(alpha, float) or not 0 < alpha < 1:
-        _fail(where, f"alpha {alpha!r} must be a number between 0 and 1")
+    alpha = data.get("alpha", ONE_SIDED_ALPHA)
+    if not isinstance(alpha, float) or not 0 < alpha < 0.5:
+        _fail(where, f"alpha {alpha!r} must be a one-sided level between 0 and 0.5")
     return Claim(data["name"], data["statement"], data["source"], str(data.get("source_figures", "none given")),
                  data["grid"], clauses, report, data.get("plot"), dict(data.get("plot_params", {})),
                  data.get("why_plot"), dict(data.get("why_params", {})), str(data.get("scale_note", "")), alpha,
@@ -247,11 +277,12 @@ def _parse_compare(entry: dict, where: str, deciding: bool) -> Compare:
 # -------------------------------------------------------------------- against its grid
 
 
-def check_against_grid(claim: Claim, cells: pd.DataFrame) -> None:
+def check_against_grid(claim: Claim, cells: pd.DataFrame) -> list[str]:
     """Refuse (ClaimError) a comparison its grid cannot feed: a side that selects no cell, a
     measure that needs more values of an axis than the side has (it could not vary), a best
     rate chosen from fewer than MIN_BEST_LR_RATES rates. `cells`: one row per grid cell, with the
-    axis columns a selector names."""
+    axis columns a selector names. Returns the clauses the grid's seeds cannot decide
+    (seed_floor_notes), which the caller shows: a fixed design may still run them."""
     where = claim.path or claim.name
     for label, c in [(f"clause {clause.label!r}", c) for clause in claim.clauses for c in clause.compare] + \
                     [("report", c) for c in claim.report]:
@@ -271,6 +302,31 @@ def check_against_grid(claim: Claim, cells: pd.DataFrame) -> None:
                 if have < least:
                     _fail(here, f"measure {c.measure!r} cannot vary on this grid: side {side} has {have} value(s) of "
                                 f"{axis}, it needs at least {least}")
+    return seed_floor_notes(claim, cells)
+
+
+def seed_floor_notes(claim: Claim, cells: pd.DataFrame) -> list[str]:
+    """"clause (a) ...: cannot decide with 3 seeds; needs at least 6", for each clause whose test
+    cannot reach the claim's level at the seeds its grid gives it (the fresh seeds, for a best
+    rate): a sign test's smallest p at n seeds is 1/2^n; a t test needs two seeds."""
+    from ablate.analysis.decide import sign_test_min_seeds
+    from ablate.analysis.verdict import SWEEP_SEEDS
+
+    seeds = sorted(set(cells["seed"].tolist())) if "seed" in cells else []
+    notes = []
+    for i, clause in enumerate(claim.clauses):
+        for c in clause.compare:
+            kind = MEASURES[c.measure].test
+            if kind == "exact":
+                continue
+            have = max(0, len(seeds) - SWEEP_SEEDS) if c.best_lr else len(seeds)
+            need = sign_test_min_seeds(claim.alpha) if kind == "binary" else 2
+            if have < need:
+                fresh = " fresh" if c.best_lr else ""
+                notes.append(f"clause ({'abcdefghijklmnopqrstuvwxyz'[i]}) {clause.label!r}: cannot decide with {have}"
+                             f"{fresh} seed{'s' if have != 1 else ''}; needs at least {need}")
+                break
+    return notes
 
 
 def claim_at_rung(claim: Claim, rates: dict[float, float], ref_width: int | None = None,

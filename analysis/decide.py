@@ -1,26 +1,34 @@
-"""The tests a claim's verdict uses: each returns its estimate, its interval and its p-value from
-one and the same test, so "the interval excludes the null" and "p < alpha" never disagree.
+"""The tests a claim's verdict uses, over SEEDS: the seed is the unit of every test.
 
-    paired t      per-unit differences a - b (or a - `than`): scipy.stats.ttest_1samp, two-sided;
-                  the interval is that test's own t interval (TtestResult.confidence_interval)
-                  at 1 - alpha. The t interval, not a bootstrap: a percentile bootstrap over 3
-                  seeds is the seeds' [min, max] and covers about 75% where it claims 95%.
-    not worse     non-inferiority within a margin M (a - b < M for "not_higher"): the one-sided
-                  t-test of H0 "mean >= M"; the interval is the two-sided 1 - 2 alpha t interval,
-                  whose upper end is the one-sided 1 - alpha bound the test uses. The opposite
-                  one-sided test ("mean <= M") says when the data show a is worse by M or more.
-    exact McNemar paired 0/1 outcomes (a run failed or not): the discordant pairs only;
-                  scipy.stats.binomtest of the pairs where a alone is 1 among all discordant
-                  ones, against 1/2, two-sided; the interval is that test's Clopper-Pearson
-                  interval of the share where a alone is 1 (null 1/2). With p0 = 1/2 the
-                  binomial is symmetric, so the interval excludes 1/2 exactly when p < alpha.
-    exact binomial  0/1 outcomes of one side against a rate `than`: binomtest, one-sided in the
-                  claimed direction, with its one-sided Clopper-Pearson interval.
-    exact         a deterministic quantity (a parameter count): no sampling, no p-value; the
-                  difference itself decides, against the smallest effect of interest.
+Only the seed is random (its initial weights and its batches); rates, warmups and the other axes
+a clause reads are fixed design. So a clause first reduces each seed's cells to one value
+(`per_seed`: the mean over the seed's paired cells of a - b; for a failure measure that mean is
+the difference in the share of failed cells over the rates and warmups it reads), and tests the
+seeds' values. Cells of one seed are never counted as separate units: adding rates cannot shrink
+a p-value (tests/test_seed_unit.py holds it to that with perfectly correlated cells).
 
-Units are assumed independent: seeds always are (each its own weights and batches); several
-units per seed (seed x lr ...) share a seed's data order, which the report states.
+Every test is one-sided in the claimed direction at one level (stats.ONE_SIDED_ALPHA, 0.025,
+unless the claim declares its own), and answers three questions at a look's nominal level:
+
+    shown     the effect lies beyond 0 the claimed way (for "a matches b": a is not worse than b
+              by the margin)                                                          -> agrees
+    beyond    the effect lies beyond the declared smallest effect of interest (said, not deciding)
+    futile    the effect lies short of the smallest effect of interest, the claimed way
+              ("no effect as large as X"; for "a matches b": a is worse by the margin or more)
+                                                                              -> does not agree
+
+The kinds:
+
+    t       the seeds' mean (continuous measures): scipy.stats.ttest_1samp, one-sided each way; the
+            interval is the two-sided 1 - 2 level t interval, so each end is the one-sided bound
+            its test uses: "shown" <=> its claimed-side end is past 0, "futile" <=> its far end is
+            short of the effect (the repeated confidence interval of Jennison & Turnbull 1989).
+    sign    the seeds' median (failure measures, whose per-seed shares are coarse and often tied):
+            the exact sign test (scipy.stats.binomtest against 1/2, seeds equal to the null value
+            dropped; Conover 1999, 3.4); the interval is its inversion, the order statistics that
+            bound the median at 1 - 2 level.
+    exact   a deterministic quantity (a parameter count): no sampling, no p-value; the
+            difference itself decides against the smallest effect of interest.
 """
 from __future__ import annotations
 
@@ -28,27 +36,51 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats as scipy_stats
+from scipy import special
 
-from ablate.analysis.stats import (DEFAULT_POWER, Interval, _smallest_n_reaching, discordant_pairs,
-                                   mcnemar_pairs_for_power, paired_power)
+from ablate.analysis.stats import DEFAULT_POWER, ONE_SIDED_ALPHA, Interval, one_sided_seeds_for_power
 
 RIGHT, WRONG = "right", "wrong"  # which way an estimate points, against the claimed direction
+KINDS = {"t": "one-sided t-test over seeds", "binary": "exact sign test over seeds", "exact": "exact count"}
+__all__ = ["ONE_SIDED_ALPHA", "RIGHT", "WRONG", "Test", "per_seed", "t_test", "sign_test", "exact",
+           "sign_test_min_seeds", "t_seeds_for", "pooled_sd"]
 
 
 @dataclass(frozen=True)
 class Test:
     name: str
-    estimate: float  # a - b (t tests, exact), or the share of discordant pairs where a alone is 1
-    interval: Interval | None
-    p_value: float | None  # the decisive p-value: for the claimed direction when `side` is RIGHT
-    side: str | None  # RIGHT, WRONG or None (no direction: a zero estimate)
-    null: float  # what the interval is read against: 0, the margin, 1/2, the rate `than`
-    detail: str = ""  # the counts behind a binary test
+    estimate: float  # the seeds' mean (t, exact) or median (sign) of a - b (or a - `than`)
+    interval: Interval | None  # at 1 - 2 level: each end the one-sided bound of its test
+    p_value: float | None  # one-sided p of "shown" (beyond `null` the claimed way)
+    side: str | None  # RIGHT, WRONG or None (no direction: the estimate is at the null)
+    null: float  # what "shown" is read against: 0, or the margin for non-inferiority
+    detail: str = ""  # the counts behind a sign test
+    p_beyond: float | None = None  # one-sided p of "beyond the smallest effect of interest"
+    p_futile: float | None = None  # one-sided p of "short of the smallest effect of interest"
+    n: int = 0  # seeds
+    level: float = ONE_SIDED_ALPHA  # the nominal one-sided level the interval is drawn at
+
+    def shown(self, level: float) -> bool:
+        return self.p_value is not None and self.p_value <= level
+
+    def futile(self, level: float) -> bool:
+        return self.p_futile is not None and self.p_futile <= level
+
+    def beyond(self, level: float) -> bool:
+        return self.p_beyond is not None and self.p_beyond <= level
+
+
+def per_seed(keys, a, b) -> tuple[np.ndarray, np.ndarray]:
+    """(seeds, each seed's mean of a - b over its paired keys); keys are tuples, seed first."""
+    by_seed: dict = {}
+    for key, x, y in zip(keys, a, b):
+        by_seed.setdefault(key[0], []).append(float(x) - float(y))
+    seeds = sorted(by_seed, key=lambda s: (str(type(s)), s))
+    return np.asarray(seeds), np.asarray([np.mean(by_seed[s]) for s in seeds], dtype=float)
 
 
 def _varies(values: np.ndarray) -> bool:
-    return bool(np.ptp(values) > 1e-12 * max(1.0, float(np.max(np.abs(values)))))
+    return bool(values.size > 1 and np.ptp(values) > 1e-12 * max(1.0, float(np.max(np.abs(values)))))
 
 
 def _side(estimate: float, null: float, higher: bool) -> str | None:
@@ -57,79 +89,117 @@ def _side(estimate: float, null: float, higher: bool) -> str | None:
     return RIGHT if (estimate > null) == higher else WRONG
 
 
-def paired_t(d: np.ndarray, higher: bool, alpha: float, name: str = "paired t-test") -> Test | None:
-    """Two-sided t-test of mean(d) = 0 with its 1 - alpha t interval; None without a spread."""
+def _t_p(x: np.ndarray, null: float, alternative: str) -> float:
+    """scipy.stats.ttest_1samp's one-sided p, computed from its formula: the sequential procedure
+    and its simulations call it thousands of times, where ttest_1samp's overhead dominates."""
+    n = x.size
+    t = (float(x.mean()) - null) / (float(x.std(ddof=1)) / math.sqrt(n))
+    # scipy.special.stdtr is Student's t cdf (what scipy.stats.t.cdf calls, without its overhead)
+    return float(special.stdtr(n - 1, -t) if alternative == "greater" else special.stdtr(n - 1, t))
+
+
+def _t_interval(d: np.ndarray, level: float) -> Interval:
+    """The two-sided 1 - 2 level t interval (TtestResult.confidence_interval's formula)."""
+    n, mean = d.size, float(d.mean())
+    half = float(special.stdtrit(n - 1, 1 - level)) * float(d.std(ddof=1)) / math.sqrt(n)
+    return Interval(mean - half, mean + half, 1 - 2 * level)
+
+
+def t_test(d: np.ndarray, higher: bool, effect: float | None, level: float = ONE_SIDED_ALPHA,
+           margin: float | None = None, higher_is_worse: bool = True) -> Test | None:
+    """The seeds' mean of d (a - b): shown / beyond / futile at `level` (module docstring).
+    With `margin` (non-inferiority, "a matches b"): shown = a is not worse by the margin, futile =
+    a is worse by the margin or more. None without two seeds that differ."""
     if d.size < 2 or not _varies(d):
         return None
-    result = scipy_stats.ttest_1samp(d, 0.0)
-    ci = result.confidence_interval(1 - alpha)
+    interval = _t_interval(d, level)
     estimate = float(d.mean())
-    return Test(name, estimate, Interval(float(ci.low), float(ci.high), 1 - alpha), float(result.pvalue),
-                _side(estimate, 0.0, higher), 0.0)
+    if margin is not None:
+        worse = d if higher_is_worse else -d  # "worse" is always above +margin
+        p_shown, p_futile = _t_p(worse, margin, "less"), _t_p(worse, margin, "greater")
+        side = RIGHT if float(worse.mean()) < margin else WRONG
+        return Test("one-sided t-test over seeds against the margin", estimate, interval, p_shown, side,
+                    margin if higher_is_worse else -margin, p_futile=p_futile, n=int(d.size), level=level)
+    x = d if higher else -d  # the claimed way is always "x > 0"
+    effect = effect or 0.0
+    return Test("one-sided t-test over seeds", estimate, interval, _t_p(x, 0.0, "greater"),
+                _side(estimate, 0.0, higher), 0.0, p_beyond=_t_p(x, effect, "greater") if effect else None,
+                p_futile=_t_p(x, effect, "less") if effect else None, n=int(d.size), level=level)
 
 
-def not_worse(d: np.ndarray, margin: float, higher_is_worse: bool, alpha: float) -> Test | None:
-    """Non-inferiority: a is not worse than b by `margin` or more (see the module docstring)."""
-    if d.size < 2 or not _varies(d):
+def _sign_p(x: np.ndarray, null: float) -> tuple[float | None, int, int]:
+    """One-sided exact sign test of "the median of x exceeds null": (p, seeds above, seeds off null)."""
+    above, off = int((x > null).sum()), int((x != null).sum())
+    if off == 0:
+        return None, above, off
+    # binomtest(above, off, 1/2, alternative="greater").pvalue, without its overhead
+    return (1.0 if above == 0 else float(special.bdtrc(above - 1, off, 0.5))), above, off
+
+
+def _median_interval(d: np.ndarray, level: float) -> Interval:
+    """The order statistics that bound the median at 1 - 2 level (the sign test inverted); an
+    end the seeds cannot bound is infinite."""
+    x, n = np.sort(d), d.size
+    # the largest k with P(Binomial(n, 1/2) >= k) >= 1 - level: x_(k) <= median with that confidence
+    reach = special.bdtrc(np.arange(n), n, 0.5)  # P(Binomial >= j) for j = 1..n
+    k = int(np.flatnonzero(reach >= 1 - level)[-1] + 1) if (reach >= 1 - level).any() else 0
+    low = float(x[k - 1]) if k else -math.inf
+    high = float(x[n - k]) if k else math.inf
+    return Interval(low, high, 1 - 2 * level)
+
+
+def sign_test(d: np.ndarray, higher: bool, effect: float | None, level: float = ONE_SIDED_ALPHA,
+              what: str = "seeds") -> Test | None:
+    """The seeds' median of d by the exact sign test: shown / beyond / futile (module docstring)."""
+    if d.size == 0:
         return None
-    sign = 1.0 if higher_is_worse else -1.0  # flip so that "worse" is always "above +margin"
-    x = sign * d
-    shown = scipy_stats.ttest_1samp(x, margin, alternative="less")
-    worse = scipy_stats.ttest_1samp(x, margin, alternative="greater")
-    ci = scipy_stats.ttest_1samp(d, 0.0).confidence_interval(1 - 2 * alpha)
-    estimate = float(d.mean())
-    right = float(x.mean()) < margin
-    return Test("one-sided t-test against the margin", estimate, Interval(float(ci.low), float(ci.high), 1 - 2 * alpha),
-                float(shown.pvalue if right else worse.pvalue), RIGHT if right else WRONG, sign * margin)
-
-
-def mcnemar(a: np.ndarray, b: np.ndarray, higher: bool, alpha: float) -> Test | None:
-    """Exact McNemar test with its Clopper-Pearson interval; None with no discordant pair."""
-    n10, n01 = discordant_pairs(a, b)
-    detail = f"{int(a.sum())} of {a.size} vs {int(b.sum())} of {b.size}; discordant pairs {n10}:{n01}"
-    if n10 + n01 == 0:
-        return Test("exact McNemar test", math.nan, None, None, None, 0.5, detail)
-    result = scipy_stats.binomtest(n10, n10 + n01, 0.5)
-    ci = result.proportion_ci(1 - alpha, method="exact")
-    share = n10 / (n10 + n01)
-    return Test("exact McNemar test", share, Interval(float(ci.low), float(ci.high), 1 - alpha),
-                float(result.pvalue), _side(share, 0.5, higher), 0.5, detail)
-
-
-def binomial_rate(a: np.ndarray, than: float, higher: bool, alpha: float) -> Test:
-    """One side's 0/1 outcomes against a rate: exact one-sided binomial test in the claimed
-    direction and its one-sided Clopper-Pearson interval (the opposite test when it points away)."""
-    k, n = int(a.sum()), int(a.size)
-    rate = k / n
-    right = (rate > than) == higher and rate != than
-    alternative = ("greater" if higher else "less") if right else ("less" if higher else "greater")
-    result = scipy_stats.binomtest(k, n, than, alternative=alternative)
-    ci = result.proportion_ci(1 - alpha, method="exact")
-    return Test("exact binomial test", rate, Interval(float(ci.low), float(ci.high), 1 - alpha), float(result.pvalue),
-                _side(rate, than, higher), than, f"{k} of {n}")
+    x = d if higher else -d
+    effect = effect or 0.0
+    p_shown, above, off = _sign_p(x, 0.0)
+    p_beyond = _sign_p(x, effect)[0] if effect else None
+    p_futile = _sign_p(-x, -effect)[0] if effect else None
+    estimate = float(np.median(d))
+    detail = f"{above} of {d.size} {what} the claimed way, {d.size - off} tied"
+    return Test("exact sign test over seeds", estimate, _median_interval(d, level), p_shown,
+                _side(float(np.median(x)), 0.0, True) if off else None, 0.0, detail, p_beyond, p_futile,
+                int(d.size), level)
 
 
 def exact(d: np.ndarray, higher: bool) -> Test:
     """A deterministic difference: its value, no interval and no p-value (nothing is sampled)."""
     estimate = float(d.mean())
     return Test("exact count", estimate, Interval(float(d.min()), float(d.max()), 1.0), None,
-                _side(estimate, 0.0, higher), 0.0)
+                _side(estimate, 0.0, higher), 0.0, n=int(d.size))
 
 
-# --------------------------------------------------------- what a clause's smallest effect needs
+# -------------------------------------------------------- what a test can reach, and needs
 
 
-def t_seeds_for(effect: float, d: np.ndarray, alpha: float, power: float = DEFAULT_POWER) -> int | None:
-    """Units at which the two-sided t-test at `alpha` detects a true mean difference of `effect`
-    (the declared smallest effect of interest, not the observed one) with the observed spread;
-    None where the spread is unknown (fewer than two values, or none)."""
-    if d.size < 2 or not _varies(d) or effect <= 0:
+def sign_test_min_seeds(level: float) -> int:
+    """The fewest seeds at which the exact sign test can reach `level` at all (every seed the
+    claimed way gives its smallest p, 1/2^n)."""
+    return max(1, math.ceil(math.log2(1.0 / level) - 1e-12))
+
+
+def pooled_sd(differences_by_design: list[np.ndarray]) -> tuple[float, int] | None:
+    """(standard deviation, degrees of freedom) of a - b pooled across a clause's comparable
+    cells: each design point (a rate, a warmup) gives its differences over seeds. A seed's mean
+    over its cells varies no more than one cell does (a mean's variance is at most the mean of
+    the variances), so this bounds the per-seed spread from above, on many more degrees of
+    freedom than the 2 of three seeds' means."""
+    ss, df = 0.0, 0
+    for d in differences_by_design:
+        d = np.asarray(d, dtype=float)
+        if d.size > 1:
+            ss += float(((d - d.mean()) ** 2).sum())
+            df += d.size - 1
+    return (math.sqrt(ss / df), df) if df and ss > 0 else None
+
+
+def t_seeds_for(effect: float, sd: float, level: float, power: float = DEFAULT_POWER) -> int | None:
+    """Seeds at which the one-sided t-test at `level` shows a true mean difference of `effect`
+    (the declared smallest effect of interest, not the observed one) with probability `power`,
+    given the seeds' spread `sd`; None without an effect or a spread."""
+    if not (effect > 0 and sd > 0):
         return None
-    size = effect / float(d.std(ddof=1))
-    return _smallest_n_reaching(lambda n: paired_power(size, n, alpha), power, 100_000)
-
-
-def mcnemar_pairs_for(effect: float, alpha: float, power: float = DEFAULT_POWER) -> int | None:
-    """Pairs at which the exact McNemar test detects a difference of `effect` in the rate of
-    failure, in the most favourable case (no pair going the other way)."""
-    return mcnemar_pairs_for_power(min(effect, 1.0), 0.0, alpha, power) if effect > 0 else None
+    return one_sided_seeds_for_power(effect / sd, level, power)

@@ -9,11 +9,14 @@
                not a training outcome, so claims count it as a missing value and say so
 
 A plateaued or diverged run is a *failed training run*: an outcome to count, never a value to
-drop. Loss measures score it as the unigram entropy of its data, the loss of a model that
-ignores context, whichever way it failed (a diverged run has no loss of its own; scoring it at
-its loss at initialisation, about 5.5 nats here, would weigh a blow-up far above a plateau at
-about 3.2). Where the unigram entropy is unknown (data without it recorded), the loss at
-initialisation stands in.
+drop. Loss measures score a completed run as min(its loss, the unigram entropy of its data), the
+loss of a model that ignores context: no run scores worse than ignoring context, and the score
+is continuous in the loss (a run just under the plateau's edge and one just over it score
+within a hair of each other: the plateau's label never moves a loss). A diverged run has no loss
+of its own and scores the entropy (scoring it at its loss at initialisation, about 5.5 nats here,
+would weigh a blow-up far above a plateau at about 3.2). Where the unigram entropy is unknown
+(data without it recorded), the loss at initialisation stands in. Failure stays a measure of its
+own (claim_measures `failed`, `diverged`): the score does not count it.
 """
 from __future__ import annotations
 
@@ -27,8 +30,9 @@ PLATEAU_MARGIN = 0.2  # nats above (unigram entropy - this) = stuck on the unigr
 TRAINED, PLATEAUED, DIVERGED, FAILED = "trained", "plateaued", "diverged", "failed"
 OUTCOMES = (TRAINED, PLATEAUED, DIVERGED)  # the training outcomes, in the order reports list them
 FAILED_TRAINING = (PLATEAUED, DIVERGED)
-SCORING_RULE = (f"a plateaued run (final val loss within {PLATEAU_MARGIN:g} nats of the unigram entropy) or a "
-                "diverged one scores the unigram entropy (the loss of a model that ignores context)")
+SCORING_RULE = ("a completed run scores min(its final val loss, the unigram entropy), a diverged one the unigram "
+                "entropy (the loss of a model that ignores context): continuous in the loss, no jump at the "
+                "plateau's edge")
 
 
 def plateaued(loss, unigram_entropy, margin: float = PLATEAU_MARGIN) -> bool:
@@ -58,11 +62,14 @@ def _number(value) -> float:
 
 
 def scored_loss(outcome: str, final_val_loss, unigram_entropy, init_loss) -> float:
-    """The validation loss a loss measure uses: a trained run's own, a failed training run's
-    unigram entropy (else its loss at initialisation); NaN for a cell without an outcome."""
-    if outcome == TRAINED:
-        return _number(final_val_loss)
-    if outcome in FAILED_TRAINING:
-        entropy = _number(unigram_entropy)
-        return entropy if math.isfinite(entropy) else _number(init_loss)
-    return math.nan
+    """The validation loss a loss measure uses: min(loss, unigram entropy) for a completed run
+    (trained or plateaued), the entropy for a diverged one (else, without a recorded entropy, the
+    loss at initialisation stands in for it); NaN for a cell without an outcome."""
+    if outcome not in (TRAINED, *FAILED_TRAINING):
+        return math.nan
+    entropy = _number(unigram_entropy)
+    ceiling = entropy if math.isfinite(entropy) else _number(init_loss)
+    loss = _number(final_val_loss) if outcome != DIVERGED else math.nan
+    if not math.isfinite(loss):
+        return ceiling
+    return min(loss, ceiling) if math.isfinite(ceiling) else loss

@@ -35,6 +35,9 @@ DEFAULT_CONFIDENCE = 0.95
 DEFAULT_RESAMPLES = 9999
 DEFAULT_SEED = 0  # the bootstrap's seed: the same runs always give the same interval
 DEFAULT_ALPHA = 0.05
+# The one error level of every claim test, whatever its kind (t, sign, sequential): one-sided,
+# the usual convention (half of a two-sided 0.05). Claims import it; a claim file may declare its own.
+ONE_SIDED_ALPHA = 0.025
 DEFAULT_POWER = 0.8
 # Multiple-testing corrections by name: what `--correction` accepts and the report spells out.
 CORRECTIONS = {"bh": "Benjamini-Hochberg", "holm": "Holm"}

@@ -17,7 +17,7 @@ from ablate.analysis.claim_report import figure, sentence
 from ablate.analysis.claims import ClaimError, check_against_grid, parse_claim
 from ablate.analysis.selection import select
 from ablate.analysis.stats import adjust_p_values, mcnemar_pairs_for_power
-from ablate.analysis.verdict import AGREES, CANNOT_TELL, DISAGREES, agrees_in_part, at_best_lr, evaluate
+from ablate.analysis.verdict import AGREES, CANNOT_TELL, DISAGREES, at_best_lr, evaluate
 from ablate.cli import main
 from ablate.commands.reproduce import QUICK_WORKERS, grid_cells, quick_seconds, shipped_claims
 from ablate.grids import load_grid
@@ -143,10 +143,11 @@ def test_every_registered_measure_has_a_synthetic_writer_here_or_its_own_test():
 
 
 def _binary_case(case):
+    # The sign test over seeds needs 6 seeds, every one the claimed way, to reach 0.025 (1/2^6).
     if case == "agrees":
-        return (0, 1, 2, 3), [1] * 4, [0] * 4
+        return tuple(range(6)), [1] * 6, [0] * 6
     if case == "does not agree":
-        return (0, 1, 2, 3), [0] * 4, [1] * 4
+        return tuple(range(6)), [0] * 6, [1] * 6
     return (0, 1), [1, 0], [0, 0]
 
 
@@ -169,7 +170,7 @@ def test_the_engine_on_synthetic_runs_of_every_measure(tmp_path, measure, case):
     result, clause = verdict.results[0], verdict.clauses[0]
     expected = {"agrees": AGREES, "does not agree": DISAGREES, "too few seeds": CANNOT_TELL}[case]
     assert clause.outcome == expected, sentence(result)
-    assert verdict.outcome == expected and len(result.seeds) == len(seeds)
+    assert verdict.status == expected and len(result.seeds) == len(seeds) == result.n_seeds
     if case == "too few seeds" and measure not in BINARY:  # the declared effect, not the observed one
         assert result.seeds_needed > len(seeds) and "would resolve the smallest effect of interest (0.05" in \
             verdict_line(verdict)
@@ -189,7 +190,7 @@ def test_grad_reach_reads_the_embeddings_when_asked(tmp_path):
         write_run(tmp_path, PRE, s, grad_norms=[[1.0, 0.5]] * 5)
     verdict = evaluate(claim_of("grad_reach", params={"phase": "init", "from": "embed"}), tmp_path)
     result = verdict.results[0]
-    assert result.mean_a == pytest.approx(1.1) and result.mean_b == pytest.approx(0.0) and verdict.outcome == AGREES
+    assert result.mean_a == pytest.approx(1.1) and result.mean_b == pytest.approx(0.0) and verdict.status == AGREES
 
 
 # ------------------------------------------------------------------- the decision rules
@@ -208,7 +209,7 @@ def test_a_clause_of_one_clear_and_one_absent_comparison_cannot_tell(tmp_path):
     assert clause.outcome == DISAGREES  # the second comparison, clearly the other way, refutes the clause
     both = evaluate(claim_with([entry("final_val_loss"), entry("attn_logit_max", effect=0.1)]), tmp_path)
     assert both.results[1].test is None and both.clauses[0].outcome == CANNOT_TELL
-    assert both.outcome == CANNOT_TELL
+    assert both.status == CANNOT_TELL
 
 
 def test_intersection_union_takes_the_largest_p_within_a_clause_and_holm_across_clauses(tmp_path):
@@ -233,10 +234,13 @@ def test_the_headline_counts_the_clauses_that_agree(tmp_path):
         _loss_cell(tmp_path, PRE, s, 2.5)
     higher, lower = entry("final_val_loss"), entry("final_val_loss", expect="lower")
     absent = entry("attn_logit_max")
-    assert evaluate(claim_with([higher], [higher]), tmp_path).outcome == AGREES
-    assert evaluate(claim_with([higher], [absent]), tmp_path).outcome == agrees_in_part(1, 2)
-    assert evaluate(claim_with([lower], [absent]), tmp_path).outcome == DISAGREES
-    assert evaluate(claim_with([absent]), tmp_path).outcome == CANNOT_TELL
+    assert evaluate(claim_with([higher], [higher]), tmp_path).outcome == "agrees (2 of 2)"
+    assert evaluate(claim_with([higher], [absent]), tmp_path).outcome == \
+        "agrees in part (1 agree, 0 do not, 1 cannot tell)"
+    assert evaluate(claim_with([higher], [lower], [absent]), tmp_path).outcome == \
+        "agrees in part (1 agree, 1 do not, 1 cannot tell)"  # every outcome counted, the other way included
+    assert evaluate(claim_with([lower], [absent]), tmp_path).outcome == "does not agree (1 of 2, 1 cannot tell)"
+    assert evaluate(claim_with([absent]), tmp_path).outcome == "cannot tell (1 of 1)"
 
 
 def test_intervals_from_three_seeds_come_from_the_test_of_their_p_value(tmp_path):
@@ -246,10 +250,11 @@ def test_intervals_from_three_seeds_come_from_the_test_of_their_p_value(tmp_path
         _loss_cell(tmp_path, PRE, s, 2.5)
     t = evaluate(claim_of("final_val_loss"), tmp_path).results[0].test
     d = np.array(list(gaps.values()))
-    reference = scipy_stats.ttest_1samp(d, 0.0)
-    ci = reference.confidence_interval(0.95)
+    # one-sided at 0.025: the p of "a - b > 0" and the 95% interval whose low end is its bound
+    reference = scipy_stats.ttest_1samp(d, 0.0, alternative="greater")
+    ci = scipy_stats.ttest_1samp(d, 0.0).confidence_interval(0.95)
     assert t.p_value == pytest.approx(reference.pvalue) and (t.interval.low, t.interval.high) == pytest.approx(ci)
-    assert (t.interval.low > 0) == (t.p_value < 0.05)  # never a bootstrap [min, max] beside p = 0.16
+    assert (t.interval.low > 0) == (t.p_value < 0.025)  # never a bootstrap [min, max] beside p = 0.12
     assert t.interval.low < d.min()
 
 
@@ -265,25 +270,29 @@ def test_a_pair_with_one_arm_diverged_is_counted_at_the_failed_score_not_dropped
     assert "1 diverged" in sentence(r)
 
 
-def test_failure_counts_of_11_discordant_pairs_none_reversed_give_the_exact_p(tmp_path):
+def test_failure_counts_over_12_seeds_one_tied_give_the_exact_sign_test_p(tmp_path):
     for s in range(12):
         write_run(tmp_path, POST, s, losses=[4.0, 3.3], val_loss=3.35, unigram_entropy=3.4)  # plateaued
         pre_fails = s == 11
         write_run(tmp_path, PRE, s, losses=[4.0, 3.0], val_loss=3.35 if pre_fails else 2.5, unigram_entropy=3.4)
     t = evaluate(claim_of("failed", effect=0.25), tmp_path).results[0].test
-    assert t.name == "exact McNemar test" and t.detail.endswith("discordant pairs 11:0")
-    assert t.p_value == pytest.approx(2 * 0.5 ** 11) and t.p_value == pytest.approx(0.000977, rel=1e-3)
-    assert t.interval.low > 0.5 and t.interval.high == 1.0  # Clopper-Pearson, consistent with p
+    assert t.name == "exact sign test over seeds" and t.detail == "11 of 12 seeds the claimed way, 1 tied"
+    assert t.p_value == pytest.approx(0.5 ** 11) and t.p_value == pytest.approx(0.000488, rel=1e-3)  # one-sided
+    assert t.interval.low == 1.0 and t.interval.high == 1.0  # every untied seed at +1: the median's bounds
 
 
-def test_a_failure_rate_against_a_bound_is_an_exact_binomial_test(tmp_path):
-    for s in range(18):
-        write_run(tmp_path, PRE, s, losses=[4.0, 3.0], val_loss=3.35 if s == 0 else 2.5, unigram_entropy=3.4)
+def test_a_failure_rate_against_a_bound_is_a_sign_test_of_each_seed_s_share(tmp_path):
+    for s in range(8):  # two cells a seed; seed 0 fails both, the others none: shares 1, 0, 0, ...
+        for lr in (1e-3, 1e-2):
+            write_run(tmp_path, PRE, s, losses=[4.0, 3.0], val_loss=3.35 if s == 0 else 2.5, unigram_entropy=3.4,
+                      options={"lr": lr})
     claim = claim_of("failed", expect="lower", than=0.25, a={"norm": "pre"}, effect=0.25)
-    t = evaluate(claim, tmp_path).results[0].test
-    assert t.name == "exact binomial test" and t.estimate == pytest.approx(1 / 18)
-    assert t.p_value == pytest.approx(scipy_stats.binomtest(1, 18, 0.25, alternative="less").pvalue)
-    assert t.interval.high < 0.25 and t.side == "right"
+    r = evaluate(claim, tmp_path).results[0]
+    t = r.test
+    assert r.n_seeds == 8 and r.n_pairs == 16 and list(r.seed_values) == [0.75] + [-0.25] * 7  # share - 0.25
+    assert t.name == "exact sign test over seeds" and t.estimate == pytest.approx(-0.25)
+    assert t.p_value == pytest.approx(scipy_stats.binomtest(7, 8, 0.5, alternative="greater").pvalue)
+    assert t.side == "right" and 0.025 < t.p_value < 0.05
 
 
 def _sweep(root, variant, seed, curve, **kw):
@@ -294,14 +303,22 @@ def _sweep(root, variant, seed, curve, **kw):
 
 def test_each_arm_at_its_own_best_rate_and_an_edge_flagged(tmp_path):
     gelu, relu = "pre.layernorm.gelu.dense.res", "pre.layernorm.relu.dense.res"
-    for s in range(3):  # gelu is best at 3e-3, relu at the top of the sweep (1e-2)
+    for s in range(3):  # gelu is best at 3e-3, relu at the top of the sweep (1e-2): on the sweep's seeds
         _sweep(tmp_path, gelu, s, {1e-3: 2.6, 3e-3: 2.40, 1e-2: 2.55})
         _sweep(tmp_path, relu, s, {1e-3: 2.7, 3e-3: 2.55, 1e-2: 2.45 + 0.01 * s})
-    verdict = evaluate(claim_of("final_val_loss", expect="lower", a={"act": "gelu"}, b={"act": "relu"},
-                                best_lr=True), tmp_path)
+    claim = claim_of("final_val_loss", expect="lower", a={"act": "gelu"}, b={"act": "relu"}, best_lr=True)
+    verdict = evaluate(claim, tmp_path)
     r = verdict.results[0]
     assert r.best["a"] == [("", 3e-3, False)] and r.best["b"] == [("", 1e-2, True)] and r.edge
-    assert r.mean_a == pytest.approx(2.403) and r.mean_b == pytest.approx(2.463)
+    # The sweep's seeds chose the rates; they do not test them: no fresh seed, no test.
+    assert r.test is None and "no fresh seeds" in r.note and verdict.status == CANNOT_TELL
+    for s in (3, 4, 5):  # fresh seeds at the chosen rates only
+        _sweep(tmp_path, gelu, s, {3e-3: 2.40})
+        _sweep(tmp_path, relu, s, {1e-2: 2.45 + 0.01 * s})
+    verdict = evaluate(claim, tmp_path)
+    r = verdict.results[0]
+    assert r.seeds == (3, 4, 5) and r.sweep_seeds == (0, 1, 2)
+    assert r.mean_a == pytest.approx(2.412) and r.mean_b == pytest.approx(2.502)
     assert "best lr of a: lr 0.003" in sentence(r) and "at the edge of the sweep" in verdict_line(verdict)
 
 
@@ -323,11 +340,11 @@ def test_non_inferiority_passes_for_the_better_arm_and_fails_for_a_worse_one(tmp
         return evaluate(claim_with([entry("final_val_loss", expect="not_higher", margin=0.03)]), root)
 
     better = run(tmp_path / "better", -0.08)  # "SwiGLU is 0.08 nats better" passes "matches"
-    assert better.outcome == AGREES and better.results[0].test.interval.confidence == pytest.approx(0.9)
+    assert better.status == AGREES and better.results[0].test.interval.confidence == pytest.approx(0.95)
     worse = run(tmp_path / "worse", 0.2)
-    assert worse.outcome == DISAGREES
+    assert worse.status == DISAGREES and "worse by the margin" in worse.clauses[0].why
     near = run(tmp_path / "near", 0.03)
-    assert near.outcome == CANNOT_TELL
+    assert near.status == CANNOT_TELL
 
 
 def test_an_exact_count_decides_without_a_test(tmp_path):
@@ -335,8 +352,8 @@ def test_an_exact_count_decides_without_a_test(tmp_path):
         for variant, params in ((PRE, 1_000_000), (POST, 999_000)):
             patch_config(write_run(tmp_path, variant, s), model={"params": params})
     tiny = evaluate(claim_of("params", expect="lower", effect=0.01), tmp_path)  # 0.1% fewer: not "lower"
-    assert tiny.outcome == DISAGREES and "exact" in figure(tiny.results[0])
-    assert evaluate(claim_of("params", expect="lower", effect=0.0005), tmp_path).outcome == AGREES
+    assert tiny.status == DISAGREES and "exact" in figure(tiny.results[0])
+    assert evaluate(claim_of("params", expect="lower", effect=0.0005), tmp_path).status == AGREES
 
 
 def test_a_step_0_measure_without_its_step_0_row_counts_the_seed_missing(tmp_path):
@@ -365,7 +382,7 @@ def test_gain_per_param_and_basin_width(tmp_path):
     # 2 -> 4 gains 0.2 - 0.004 s nats per 1M parameters, 4 -> 8 gains (0.05 + 0.004 s - 0.003 s^2) / 2.
     assert result.mean_b == pytest.approx(np.mean([0.2 - 0.004 * s for s in range(3)]))
     assert result.mean_a == pytest.approx(np.mean([(0.05 + 0.004 * s - 0.003 * s * s) / 2 for s in range(3)]))
-    assert verdict.outcome == AGREES
+    assert verdict.status == AGREES
 
     for s in range(3):
         _basin_cells(tmp_path / "basin", POST, s, 0.0)
@@ -390,7 +407,7 @@ def test_a_metric_the_runs_lack_means_cannot_tell_with_the_reason(tmp_path):
         write_run(tmp_path, POST, s)
         write_run(tmp_path, PRE, s)
     verdict = evaluate(claim_of("block_change", expect="lower"), tmp_path)
-    assert verdict.outcome == CANNOT_TELL and "do not log block_change" in sentence(verdict.results[0])
+    assert verdict.status == CANNOT_TELL and "do not log block_change" in sentence(verdict.results[0])
 
 
 def test_divergence_reports_the_first_non_finite_step(tmp_path):
@@ -398,8 +415,9 @@ def test_divergence_reports_the_first_non_finite_step(tmp_path):
         _diverged_cells(tmp_path, POST, s, 1)
         _diverged_cells(tmp_path, PRE, s, 0)
     result = evaluate(claim_of("diverged"), tmp_path).results[0]
-    assert result.test.name == "exact McNemar test" and result.n_pairs == 8
-    assert result.test.p_value == pytest.approx(2 * 0.5 ** 8)
+    # 8 paired cells are 4 seeds: the unit is the seed, so p = 1/2^4, not 1/2^8
+    assert result.test.name == "exact sign test over seeds" and result.n_pairs == 8 and result.n_seeds == 4
+    assert result.test.p_value == pytest.approx(0.5 ** 4)
     assert "first non-finite value at step 2" in result.note
 
 
@@ -530,7 +548,8 @@ def test_reproduce_all_writes_each_verdict_and_plot_and_an_index_linking_every_c
         out = tmp_path / name
         saved = json.loads((out / "verdict.json").read_text())
         verdict = saved["verdict"]
-        assert verdict in (AGREES, DISAGREES, CANNOT_TELL) or verdict.startswith("agrees in part (")
+        assert saved["status"] in (AGREES, DISAGREES, CANNOT_TELL, "agrees in part") and verdict.startswith(
+            saved["status"] + " (") and saved["unit"] == "seed"  # the headline counts its clauses
         assert len(saved["clauses"]) == len(claim.clauses) and len(saved["reported"]) == len(claim.report)
         assert [len(c["results"]) for c in saved["clauses"]] == [len(c.compare) for c in claim.clauses]
         report = (out / "report.md").read_text()
@@ -552,7 +571,7 @@ def test_a_real_miniature_reproduces_end_to_end(tmp_path, capsys):
                    "--set", "eval_batches=1", "--set", "final_eval_batches=1", "--set", "seed=0"])
     assert status == 0
     verdict = json.loads((out / "verdict.json").read_text())
-    assert verdict["verdict"] == CANNOT_TELL  # one seed: no test
+    assert verdict["status"] == CANNOT_TELL and verdict["verdict"] == "cannot tell (1 of 1)"  # one seed: no test
     first = verdict["clauses"][0]["results"][0]
     assert first["n_pairs"] == 1 and math.isfinite(first["mean_a"]) and math.isfinite(first["mean_b"])
     assert (out / "plots" / "claim_residual-gradient.png").read_bytes()[:8] == PNG
