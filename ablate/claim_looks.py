@@ -245,6 +245,28 @@ def _g(x) -> str:
 
 
 def _shipped_report():
-    from ablate.analysis.claim_report import write_decision_report
+    from ablate.analysis.decision_report import write_decision_report
 
     return write_decision_report
+
+
+def write_decision_index(entries: list, path: Path) -> Path:
+    """`ablate reproduce all --decide`'s index: each claim's decision, a line per clause (its
+    outcome, the seeds it took and why it stopped), a link to its report."""
+    import os
+
+    from ablate.analysis.safe_files import replace_atomic
+
+    lines = ["# Claims: seeds until decided", "", "Each claim's report has every look's figures and plot.", ""]
+    for claim, out, decision in entries:
+        link = Path(os.path.relpath((out / "report.md").resolve(), path.parent.resolve())).as_posix()
+        lines += [f"## {claim.name}: {decision.headline if decision else 'not run'}", "", f"> {claim.statement}", "",
+                  f"Source: {claim.source}. [Report]({link})", ""]
+        if decision is not None:
+            lines += [f"- ({c.letter}) {c.label}: **{c.status}** at {c.seeds_used} seeds; {c.why}"
+                      for c in decision.clauses]
+        lines.append("")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = "\n".join(lines)
+    replace_atomic(path, lambda f: f.write(text.encode()), fsync=False)
+    return path

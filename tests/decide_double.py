@@ -4,13 +4,9 @@ behaviour): deterministic, from the cells on disk, with the contract's shape
 and is "decided" once a look of DECIDED_AT seeds is complete. Its numbers (the mean final loss
 of each side per look) come from the cells, so a verdict written from it shows whether the
 cells' bits came out the same.
-
-Run as a script, it is `ablate reproduce CLAIM.toml --decide ...` with this double deciding: a
-process a kill -9 test can kill, or one on a cluster backend.
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 
 LOOKS = (3, 6, 12)
@@ -101,25 +97,3 @@ def report_double(claim, out, decision, cells=None, stopped=""):
     path = out / "report.md"
     path.write_text(f"# {claim.name} (test double)\n\n{decision.headline}; stopped: {stopped}\n")
     return path
-
-
-def reference_speed() -> None:
-    """Estimates from ablate.speed.reference, as tests/conftest.py sets for in-process tests:
-    a test's process never calibrates (minutes on a loaded machine)."""
-    import ablate.speed
-
-    ablate.speed.machine_speed = lambda threads=1, quiet=False, variants=(): ablate.speed.reference(threads)
-
-
-if __name__ == "__main__":
-    # `python tests/decide_double.py CLAIM.toml --decide --out CELLS [reproduce's flags]`: the
-    # command line of `ablate reproduce`, the looks decided by this double.
-    from ablate.claim_looks import run_decide
-    from ablate.cli import build_parser
-    from ablate.commands.reproduce import find_claim, request_from
-
-    reference_speed()
-    args = build_parser(only="reproduce").parse_args(["reproduce", *sys.argv[1:]])
-    status, _ = run_decide(find_claim(args.claim), args.out, request_from(args), decide_fn=decide_double,
-                           report_fn=report_double)
-    sys.exit(status)

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -245,25 +244,37 @@ def test_a_record_of_another_design_is_set_aside_not_trusted(tmp_path):
     assert LookLog.load(path, key)[0].looks == [] and "damaged" in LookLog.load(path, key)[1]
 
 
-# ----------------------------------------------------------- kill -9 mid-look, and rerun
+# ------------------------------------------- the real decision, end to end; kill -9 and rerun
 
 
-def _double_process(claim: Path, cells: Path, *flags) -> subprocess.Popen:
-    # `ablate reproduce --decide` decided by decide_double; --workers 0 unless flags say otherwise:
-    # the kill lands on the process that trains, decides and writes alike.
+def _decide_process(claim: Path, cells: Path, *flags) -> subprocess.Popen:
+    # `ablate reproduce --decide` (analysis.sequential deciding); --workers 0 unless flags say
+    # otherwise: a kill lands on the process that trains, decides and writes alike.
     flags = flags or ("--workers", "0")
-    return subprocess.Popen([sys.executable, str(TESTS / "decide_double.py"), str(claim), "--decide", "--out",
-                             str(cells), "--quiet", *flags],
+    return subprocess.Popen([sys.executable, str(TESTS / "reproduce_process.py"), "reproduce", str(claim), "--decide",
+                             "--out", str(cells), "--quiet", *flags],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
 @pytest.mark.slow
-def test_decide_killed_9_mid_look_and_rerun_ends_on_the_same_verdict(tmp_path):
+def test_decide_adds_looks_stops_and_killed_9_mid_look_reruns_to_the_same_verdict(tmp_path):
+    from ablate.analysis.sequential import LOOKS
+
     claim = mini_claim(tmp_path)
-    whole = _double_process(claim, tmp_path / "whole")
-    assert whole.wait(timeout=600) == 0, whole.communicate()[0]
+    whole = _decide_process(claim, tmp_path / "whole")
+    text = whole.communicate(timeout=900)[0]
+    assert whole.returncode == 0, text
+    verdict = json.loads((tmp_path / "whole" / "decide" / "verdict.json").read_text())
+    (clause,) = verdict["clauses"]
+    looks = [look["seeds"] for look in clause["looks"]]
+    assert len(looks) >= 2 and looks == list(LOOKS[:len(looks)])  # looks were added, in the design's steps
+    assert verdict["stopped"] in ("every clause decided", "no look left") and verdict["done"]
+    assert seeds_of(cell_ids(tmp_path / "whole"), "gelu") == list(range(looks[-1]))
+    assert seeds_of(cell_ids(tmp_path / "whole"), "silu") == [0, 1, 2]  # read by no clause
+    assert "look 2 (" in text and f"stopped: {verdict['stopped']}" in text
+
     cells = tmp_path / "cells"
-    proc = _double_process(claim, cells)
+    proc = _decide_process(claim, cells)
     second = cells / "pre.layernorm.gelu.dense.res__seed=3" / "config.json"  # the second look has begun
     wait_until(lambda: second.exists() or proc.poll() is not None, 600, "the second look to begin")
     assert proc.poll() is None, proc.communicate()[0]
@@ -271,8 +282,8 @@ def test_decide_killed_9_mid_look_and_rerun_ends_on_the_same_verdict(tmp_path):
     proc.wait()
     assert not (cells / "decide" / "verdict.json").exists()
     assert len(json.loads((cells / "decide" / "decide.json").read_text())["looks"]) == 2  # look 2 was started
-    rerun = _double_process(claim, cells)
-    text = rerun.communicate(timeout=600)[0]
+    rerun = _decide_process(claim, cells)
+    text = rerun.communicate(timeout=900)[0]
     assert rerun.returncode == 0, text
     assert (cells / "decide" / "verdict.json").read_bytes() == (tmp_path / "whole" / "decide" / "verdict.json").read_bytes()
     assert cell_ids(cells) == cell_ids(tmp_path / "whole")
@@ -307,7 +318,7 @@ def test_decide_runs_its_looks_on_a_running_ray_cluster(tmp_path):
                        "`ray start --head --num-cpus 2`")
     claim = mini_claim(tmp_path)
     with one_ray_at_a_time():
-        proc = _double_process(claim, tmp_path / "cells", "--backend", "ray", "--address", "auto")
+        proc = _decide_process(claim, tmp_path / "cells", "--backend", "ray", "--address", "auto")
         text = proc.communicate(timeout=900)[0]
     assert proc.returncode == 0, text
-    assert "Ray (auto)" in text and seeds_of(cell_ids(tmp_path / "cells"), "relu") == list(range(DECIDED_AT))
+    assert "Ray (auto)" in text and seeds_of(cell_ids(tmp_path / "cells"), "relu")[:6] == list(range(6))

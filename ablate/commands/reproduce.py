@@ -235,7 +235,10 @@ def _plan(claim, cells: Path, req: Request):
 
     grid = design_grid(claim, req.scale, req.overrides, None if req.decide else req.n_seeds)
     check_grid(grid, cells)
-    check_claim_grid(claim, grid)
+    notes = check_claim_grid(claim, grid)
+    if not req.decide:  # --decide adds the seeds a clause needs
+        for note in notes:
+            print(f"{claim.name}: {note}", flush=True)
     return grid
 
 
@@ -255,12 +258,13 @@ def grid_cells(grid):
     return pd.DataFrame(rows)
 
 
-def check_claim_grid(claim, grid) -> None:
-    """Refuse a claim whose comparisons its grid cannot feed (analysis.claims.check_against_grid)."""
+def check_claim_grid(claim, grid) -> list[str]:
+    """Refuse a claim whose comparisons its grid cannot feed (analysis.claims.check_against_grid);
+    returns its notes on the clauses the grid's seeds cannot decide."""
     from ablate.analysis.claims import ClaimError, check_against_grid
 
     try:
-        check_against_grid(claim, grid_cells(grid))
+        return check_against_grid(claim, grid_cells(grid))
     except ClaimError as e:
         raise ConfigError(str(e)) from None
 
@@ -352,7 +356,12 @@ def run_all(root: Path | None, req: Request) -> int:
     if req.dry_run:
         return worst
     suffix = "" if req.scale == "cpu" else "-full"
-    design = "-decide" if req.decide else f"-seeds-{req.n_seeds}" if req.n_seeds else ""
-    index = write_index(entries, root / f"index{suffix}{design}.md")
+    if req.decide:
+        from ablate.claim_looks import write_decision_index
+
+        index = write_decision_index(entries, root / f"index{suffix}-decide.md")
+    else:
+        design = f"-seeds-{req.n_seeds}" if req.n_seeds else ""
+        index = write_index(entries, root / f"index{suffix}{design}.md")
     print(f"index: {index}")
     return worst
