@@ -139,6 +139,12 @@ def test_execution_flags_reach_the_grid_runner(tmp_path, monkeypatch, capsys):
     assert (local.backend, local.workers, local.quiet) == ("local", 3, True)
 
 
+def test_ladder_takes_a_cluster_backend_without_local_workers(capsys):
+    # `ladder` set its local --workers default whatever the backend, and ray/slurm refuse --workers
+    assert main(["ladder", "gelu-vs-relu", "--backend", "ray", "--dry-run"]) == 0
+    assert "total: about" in capsys.readouterr().out
+
+
 # ---------------------------------------------------------------------- a fixed design
 
 

@@ -299,7 +299,7 @@ def run(args) -> int:
     from ablate.grids import REFUSE_IMPORTS, RUN_IMPORTS, parse_overrides
     from ablate.ladder import parse_widths
 
-    if args.workers is None:
+    if args.workers is None and args.backend == "local":  # ray and slurm take no --workers
         args.workers = 1 if args.full else quick_workers()
     options = GridRunOptions.from_args(args)
     overrides = parse_overrides(args.set)
@@ -313,7 +313,7 @@ def run(args) -> int:
                         root / f"{claim.name}{suffix}") for claim, source in pairs]  # all checked first
     for plan in plans:
         print(f"{plan.claim.name}: ladder of {len(plan.rungs)} rungs -> {plan.out}")
-        print("\n".join(estimate(plan, args.workers, args.full)), flush=True)
+        print("\n".join(estimate(plan, args.workers or quick_workers(), args.full)), flush=True)
     if args.dry_run:
         return 0
     worst, summaries = 0, []
