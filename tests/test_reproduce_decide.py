@@ -121,6 +121,15 @@ def test_a_dry_run_of_six_seeds_lists_six_seeds_of_every_cell_and_writes_nothing
     assert not out.exists()
 
 
+def test_a_dry_run_of_decide_lists_the_first_look_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "pw"
+    assert main(["reproduce", "prenorm-wins", "--decide", "--budget", "30m", "--dry-run", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert sum(line.startswith("  pending") for line in printed.splitlines()) == 42  # the grid's own design
+    assert "then looks add seeds only to the clauses still undecided" in printed and "30.0 min" in printed
+    assert f"-> {out / 'decide'}" in printed and not out.exists()
+
+
 def test_execution_flags_reach_the_grid_runner(tmp_path, monkeypatch, capsys):
     import ablate.grid_runner as grid_runner
 
