@@ -156,10 +156,10 @@ def run_decide(claim, cells: Path, req, grid=None, decide_fn=None, report_fn=Non
     `decide_fn`, `report_fn`: analysis.sequential.decide_claim and
     claim_report.write_decision_report unless given (tests). Returns (exit status, Decision)."""
     from ablate.claim_design import DECIDE_DIR
-    from ablate.commands.reproduce import _plan, print_plan
+    from ablate.commands.reproduce import plan_design, print_plan
 
     decide_fn = decide_fn or _shipped_decide()
-    first = grid or _plan(claim, cells, req)
+    first = grid or plan_design(claim, cells, req)
     out = cells / DECIDE_DIR
     print_plan(claim, first, cells, req)
     if req.dry_run:

@@ -300,7 +300,8 @@ def test_decide_adds_looks_stops_and_killed_9_mid_look_reruns_to_the_same_verdic
     rerun = _decide_process(claim, cells)
     text = rerun.communicate(timeout=900)[0]
     assert rerun.returncode == 0, text
-    assert (cells / "decide" / "verdict.json").read_bytes() == (tmp_path / "whole" / "decide" / "verdict.json").read_bytes()
+    whole_verdict = tmp_path / "whole" / "decide" / "verdict.json"
+    assert (cells / "decide" / "verdict.json").read_bytes() == whole_verdict.read_bytes()
     assert cell_ids(cells) == cell_ids(tmp_path / "whole")
 
 
@@ -312,7 +313,8 @@ def test_decide_runs_its_looks_on_the_slurm_backend(tmp_path):
     # submitit's in-process executor: the SLURM backend's submission and collection, no cluster
     status, decision, cells = _decide(tmp_path, options=_options(backend="slurm", slurm_cluster="debug"))
     assert status == 0 and decision.done
-    assert seeds_of(cell_ids(cells), "gelu") == list(range(DECIDED_AT)) and seeds_of(cell_ids(cells), "silu") == [0, 1, 2]
+    ids = cell_ids(cells)
+    assert seeds_of(ids, "gelu") == list(range(DECIDED_AT)) and seeds_of(ids, "silu") == [0, 1, 2]
     assert json.loads((cells / "decide" / "verdict.json").read_text())["stopped"] == "every clause decided"
 
 

@@ -44,7 +44,8 @@ def add_arguments(p) -> None:
                                                      "grid's seeds, then the next ones); report in OUT/seeds-N/")
     design.add_argument("--decide", action="store_true",
                         help="add seeds in looks, only where a clause is undecided, until every clause is decided "
-                             "or --budget is spent (a group-sequential test holds the error rate); report in OUT/decide/")
+                             "or --budget is spent (a group-sequential test holds the error rate); report in "
+                             "OUT/decide/")
     p.add_argument("--budget", metavar="TIME", help="with --decide: wall time for each claim, e.g. 30m, 90s, 1h; a "
                                                    "look whose estimate does not fit in what is left is not started")
     p.add_argument("--dry-run", action="store_true", help="print the cells the design runs first and the estimate; "
@@ -200,7 +201,8 @@ def request_from(args) -> Request:
 
     n_seeds, budget = parse_seeds(args.seeds), parse_budget(args.budget)
     if budget is not None and not args.decide:
-        raise ConfigError(f"--budget {args.budget} is for --decide; valid: --decide --budget {args.budget}, or no --budget")
+        raise ConfigError(f"--budget {args.budget} is for --decide; valid: --decide --budget {args.budget}, "
+                          "or no --budget")
     if args.workers is None and args.backend == "local":
         args.workers = 1 if args.full else quick_workers()
     options = GridRunOptions.from_args(args)  # contradictory execution flags refused here
@@ -227,7 +229,7 @@ def default_cells(claim, scale: str, root: Path = DEFAULT_ROOT) -> Path:
     return root / (claim.name if scale == "cpu" else f"{claim.name}-full")
 
 
-def _plan(claim, cells: Path, req: Request):
+def plan_design(claim, cells: Path, req: Request):
     """The loaded grid of the design's first cells, refused before anything is written if it or
     --out is bad."""
     from ablate.claim_design import design_grid
@@ -317,7 +319,7 @@ def reproduce(claim, cells: Path, req: Request, grid=None):
     from ablate.claim_design import design_out
     from ablate.grid_runner import run_grid
 
-    grid = grid or _plan(claim, cells, req)
+    grid = grid or plan_design(claim, cells, req)
     out = design_out(cells, req.n_seeds, decide=False)
     print_plan(claim, grid, cells, req)
     if req.dry_run:
@@ -347,7 +349,7 @@ def run_all(root: Path | None, req: Request) -> int:
     claims = shipped_claims()
     root = root or DEFAULT_ROOT
     planned = [(claim, default_cells(claim, req.scale, root)) for claim in claims.values()]
-    grids = [_plan(claim, cells, req) for claim, cells in planned]  # every one checked first
+    grids = [plan_design(claim, cells, req) for claim, cells in planned]  # every one checked first
     worst, entries = 0, []
     for (claim, cells), grid in zip(planned, grids):
         status, verdict = reproduce(claim, cells, req, grid)
