@@ -67,10 +67,6 @@ class Request:
     budget: float | None = None  # seconds, with --decide
     dry_run: bool = False
 
-    @property
-    def quiet(self) -> bool:
-        return self.options.quiet
-
 
 # ------------------------------------------------------------------------------- claims
 
