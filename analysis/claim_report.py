@@ -43,8 +43,9 @@ def figure(r: Result) -> str:
     level = f"{t.interval.confidence:.0%}" if t.interval else ""
     ps = f"p = {_p(t.p_value)}" + (f", beyond the effect p = {_p(t.p_beyond)}" if t.p_beyond is not None else "") + \
         (f", short of it p = {_p(t.p_futile)}" if t.p_futile is not None else "")
-    if r.kind == "binary":
-        what = "share failed, a - b" if r.compare.b is not None else f"share failed - {r.compare.than:g}"
+    if t.name.startswith("exact sign"):
+        what = ("a - b" if r.kind != "binary" else "share failed, a - b" if r.compare.b is not None
+                else f"share failed - {r.compare.than:g}")
         return (f"{t.detail}; per-seed {what}: median {t.estimate:+.3g} {ci} ({level} sign-test interval); "
                 f"{t.name} (one-sided), {ps}")
     kind = f"{level} t interval, each end a one-sided bound"
@@ -57,7 +58,7 @@ def _excluded(r: Result) -> str:
     if t is None:
         return r.note
     if t.interval is not None and t.name != "exact count":
-        what = "a - b" if r.kind == "t" else "the seeds' median of a - b"
+        what = "the seeds' median of a - b" if t.name.startswith("exact sign") else "a - b"
         parts.append(f"the data exclude {what} below {t.interval.low:+.3g} or above {t.interval.high:+.3g} {r.unit}")
     if r.kind == "binary" and t.detail:
         parts.append(t.detail)

@@ -299,7 +299,9 @@ def compare(ctx: Context, c: Compare, alpha: float, alpha_power: float) -> Resul
     result = _replace(base, seed_ids=tuple(s.item() if hasattr(s, "item") else s for s in seeds),
                       seed_values=tuple(per), spread=spread)
     test = run_test(result, alpha)
+    no_spread = test is not None and m.test == "t" and test.name.startswith("exact sign")
     note = "; ".join(x for x in ("" if test is not None else "the seeds' values do not vary: no test",
+                                 "the seeds' values do not vary: the exact sign test reads them" if no_spread else "",
                                  _nonfinite_note(ctx, m, sides)) if x)
     return _replace(result, test=test, seeds_needed=seeds_needed(result, alpha_power), note=note)
 
@@ -317,7 +319,10 @@ def run_test(r: Result, level: float, n: int | None = None) -> decide.Test | Non
     if c.expect in NON_INFERIORITY:
         return decide.t_test(d, c.higher, c.effect, level, margin=c.margin,
                              higher_is_worse=c.expect == "not_higher")
-    return decide.t_test(d, c.higher, c.effect, level)
+    # Seeds whose values do not vary (every arm scored at the plateau, say) leave the t-test no
+    # spread: the exact sign test, which needs none, reads them instead.
+    return decide.t_test(d, c.higher, c.effect, level) or (decide.sign_test(d, c.higher, c.effect, level)
+                                                           if d.size >= 2 else None)
 
 
 def _by_design(keys, a, b) -> list:

@@ -176,3 +176,15 @@ def test_a_clause_that_cannot_decide_at_its_seeds_is_flagged_against_its_grid():
     three_rates = pd.concat([cells, cells.assign(lr=3e-3)])
     assert check_against_grid(best, three_rates) == [
         "clause (a) 'l': cannot decide with 0 fresh seeds; needs at least 2"]
+
+
+def test_seeds_without_spread_are_read_by_the_sign_test(tmp_path):
+    # every run of both arms ends on the plateau: each scores the entropy, a - b = 0 in every seed
+    for s in range(6):
+        write_run(tmp_path, POST, s, losses=[4.0, 3.6], val_loss=3.6, unigram_entropy=3.4)
+        write_run(tmp_path, PRE, s, losses=[4.0, 3.6], val_loss=3.5, unigram_entropy=3.4)
+    verdict = evaluate(claim(loss_entry()), tmp_path)
+    r = verdict.results[0]
+    assert list(r.seed_values) == [0.0] * 6 and r.test.name == "exact sign test over seeds"
+    assert "do not vary: the exact sign test reads them" in r.note
+    assert verdict.clauses[0].outcome == DISAGREES  # 6 of 6 seeds short of 0.05: p = 1/64

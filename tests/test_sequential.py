@@ -185,3 +185,25 @@ def test_the_decision_report_shows_each_look_and_the_running_statistic(tmp_path)
     assert "**Verdict: agrees (2 of 2).**" in text and "The looks ended: every clause decided." in text
     assert "| 12 |" in text and "unit: the seed" in text
     assert (tmp_path / "decide" / "plots" / "decide_t.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_holm_across_clauses_holds_the_familywise_error_rate():
+    # three clauses, one with a real effect and two null: a false "agrees" on either null clause
+    # is a familywise error; the real one's decision frees its share of alpha for the others.
+    from ablate.analysis.sequential import decide_results
+
+    entry = {"measure": "final_val_loss", "a": {"norm": "post"}, "b": {"norm": "pre"}, "expect": "higher",
+             "effect": 0.5}
+    claim = parse_claim({"name": "t", "statement": "s", "source": "x", "grid": "g", "clause": [
+        {"sentence": f"s{i}", "label": f"c{i}", "compare": [entry]} for i in range(3)]})
+    rng = np.random.default_rng(5)
+    errors, real = 0, 0
+    for _ in range(SEQUENCES):
+        means = (1.5, 0.0, 0.0)
+        results = [[Result(clause.compare[0], "u", seed_values=tuple(rng.normal(mu, 1.0, LOOKS[-1])),
+                           seed_ids=tuple(range(LOOKS[-1])))] for clause, mu in zip(claim.clauses, means)]
+        statuses = [c.status for c in decide_results(claim, results).clauses]
+        errors += AGREES in statuses[1:]
+        real += statuses[0] == AGREES
+    assert errors / SEQUENCES <= ceiling()
+    assert real / SEQUENCES >= 0.8  # the real effect (1.5 sd) is found at Holm's level
