@@ -20,14 +20,15 @@ from ablate.errors import ConfigError
 TESTS = Path(__file__).resolve().parent
 
 # A miniature claim: three activations, the clause reads two of them (silu is read by no clause,
-# so a look never adds its seeds); one-block tiny models of 4 steps: a cell takes about a second.
+# so a look never adds its seeds); one-block tiny models of 8 steps: a cell takes about a second,
+# so a look of 6 cells lasts seconds after its first cell starts (the kill below lands in it).
 MINI_GRID = """
 name = "mini-decide"
 [base]
 model = "tiny"
 layers = 1
-steps = 4
-eval_every = 2
+steps = 8
+eval_every = 4
 eval_batches = 1
 final_eval_batches = 1
 warmup = 0
@@ -291,7 +292,7 @@ def test_decide_adds_looks_stops_and_killed_9_mid_look_reruns_to_the_same_verdic
     cells = tmp_path / "cells"
     proc = _decide_process(claim, cells)
     second = cells / "pre.layernorm.gelu.dense.res__seed=3" / "config.json"  # the second look has begun
-    wait_until(lambda: second.exists() or proc.poll() is not None, 600, "the second look to begin")
+    wait_until(lambda: second.exists() or proc.poll() is not None, 600, "the second look to begin", poll=0.05)
     assert proc.poll() is None, proc.communicate()[0]
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
