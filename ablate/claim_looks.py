@@ -156,10 +156,10 @@ def run_decide(claim, cells: Path, req, grid=None, decide_fn=None, report_fn=Non
     `decide_fn`, `report_fn`: analysis.sequential.decide_claim and
     claim_report.write_decision_report unless given (tests). Returns (exit status, Decision)."""
     from ablate.claim_design import DECIDE_DIR
-    from ablate.commands.reproduce import _plan, print_plan
+    from ablate.commands.reproduce import plan_design, print_plan
 
     decide_fn = decide_fn or _shipped_decide()
-    first = grid or _plan(claim, cells, req)
+    first = grid or plan_design(claim, cells, req)
     out = cells / DECIDE_DIR
     print_plan(claim, first, cells, req)
     if req.dry_run:
@@ -248,3 +248,25 @@ def _shipped_report():
     from ablate.analysis.decision_report import write_decision_report
 
     return write_decision_report
+
+
+def write_decision_index(entries: list, path: Path) -> Path:
+    """`ablate reproduce all --decide`'s index: each claim's decision, a line per clause (its
+    outcome, the seeds it took and why it stopped), a link to its report."""
+    import os
+
+    from ablate.analysis.safe_files import replace_atomic
+
+    lines = ["# Claims: seeds until decided", "", "Each claim's report has every look's figures and plot.", ""]
+    for claim, out, decision in entries:
+        link = Path(os.path.relpath((out / "report.md").resolve(), path.parent.resolve())).as_posix()
+        lines += [f"## {claim.name}: {decision.headline if decision else 'not run'}", "", f"> {claim.statement}", "",
+                  f"Source: {claim.source}. [Report]({link})", ""]
+        if decision is not None:
+            lines += [f"- ({c.letter}) {c.label}: **{c.status}** at {c.seeds_used} seeds; {c.why}"
+                      for c in decision.clauses]
+        lines.append("")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = "\n".join(lines)
+    replace_atomic(path, lambda f: f.write(text.encode()), fsync=False)
+    return path

@@ -4,13 +4,9 @@ behaviour): deterministic, from the cells on disk, with the contract's shape
 and is "decided" once a look of DECIDED_AT seeds is complete. Its numbers (the mean final loss
 of each side per look) come from the cells, so a verdict written from it shows whether the
 cells' bits came out the same.
-
-Run as a script, it runs `run_decide` with this double on a claim file: the process a kill -9
-test can kill (`python tests/decide_double.py CLAIM.toml CELLS`).
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 
 LOOKS = (3, 6, 12)
@@ -101,25 +97,3 @@ def report_double(claim, out, decision, cells=None, stopped=""):
     path = out / "report.md"
     path.write_text(f"# {claim.name} (test double)\n\n{decision.headline}; stopped: {stopped}\n")
     return path
-
-
-def reference_speed() -> None:
-    """Estimates from ablate.bench.estimate.reference, as tests/conftest.py sets for in-process
-    tests: a test's process never calibrates (minutes on a loaded machine)."""
-    from ablate.bench import estimate
-
-    estimate.machine_speed = lambda threads=1, quiet=False: estimate.reference(threads)
-
-
-if __name__ == "__main__":
-    from pathlib import Path
-
-    reference_speed()
-    from ablate.claim_looks import run_decide
-    from ablate.commands.reproduce import Request, find_claim
-    from ablate.grid_runner import GridRunOptions
-
-    claim_file, cells = sys.argv[1], Path(sys.argv[2])
-    request = Request("cpu", {}, GridRunOptions(workers=0, quiet=True), decide=True)
-    status, _ = run_decide(find_claim(claim_file), cells, request, decide_fn=decide_double, report_fn=report_double)
-    sys.exit(status)

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -21,14 +20,15 @@ from ablate.errors import ConfigError
 TESTS = Path(__file__).resolve().parent
 
 # A miniature claim: three activations, the clause reads two of them (silu is read by no clause,
-# so a look never adds its seeds); one-block tiny models of 4 steps: a cell takes about a second.
+# so a look never adds its seeds); one-block tiny models of 8 steps: a cell takes about a second,
+# so a look of 6 cells lasts seconds after its first cell starts (the kill below lands in it).
 MINI_GRID = """
 name = "mini-decide"
 [base]
 model = "tiny"
 layers = 1
-steps = 4
-eval_every = 2
+steps = 8
+eval_every = 4
 eval_batches = 1
 final_eval_batches = 1
 warmup = 0
@@ -122,6 +122,15 @@ def test_a_dry_run_of_six_seeds_lists_six_seeds_of_every_cell_and_writes_nothing
     assert not out.exists()
 
 
+def test_a_dry_run_of_decide_lists_the_first_look_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "pw"
+    assert main(["reproduce", "prenorm-wins", "--decide", "--budget", "30m", "--dry-run", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert sum(line.startswith("  pending") for line in printed.splitlines()) == 42  # the grid's own design
+    assert "then looks add seeds only to the clauses still undecided" in printed and "30.0 min" in printed
+    assert f"-> {out / 'decide'}" in printed and not out.exists()
+
+
 def test_execution_flags_reach_the_grid_runner(tmp_path, monkeypatch, capsys):
     import ablate.grid_runner as grid_runner
 
@@ -138,6 +147,12 @@ def test_execution_flags_reach_the_grid_runner(tmp_path, monkeypatch, capsys):
         ("slurm", "debug", "p", 7, 2.0, 3, 0, True, None)
     assert (ray.backend, ray.address, ray.gpus_per_cell, ray.workers) == ("ray", "auto", 0.5, None)
     assert (local.backend, local.workers, local.quiet) == ("local", 3, True)
+
+
+def test_ladder_takes_a_cluster_backend_without_local_workers(capsys):
+    # `ladder` set its local --workers default whatever the backend, and ray/slurm refuse --workers
+    assert main(["ladder", "gelu-vs-relu", "--backend", "ray", "--dry-run"]) == 0
+    assert "total: about" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------------- a fixed design
@@ -165,11 +180,16 @@ def test_a_larger_design_reuses_the_quick_cells_and_writes_its_own_verdict(tmp_p
 # ----------------------------------------------------------------- --decide, with a double
 
 
-def _request(**kw):
-    from ablate.commands.reproduce import Request
+def _options(**kw):
     from ablate.grid_runner import GridRunOptions
 
-    return Request("cpu", {}, GridRunOptions(workers=0, quiet=True), decide=True, **kw)
+    return GridRunOptions(**{"workers": 0 if kw.get("backend", "local") == "local" else None, "quiet": True, **kw})
+
+
+def _request(options=None, **kw):
+    from ablate.commands.reproduce import Request
+
+    return Request("cpu", {}, options or _options(), decide=True, **kw)
 
 
 def _decide(tmp_path, **kw):
@@ -240,32 +260,83 @@ def test_a_record_of_another_design_is_set_aside_not_trusted(tmp_path):
     assert LookLog.load(path, key)[0].looks == [] and "damaged" in LookLog.load(path, key)[1]
 
 
-# ----------------------------------------------------------- kill -9 mid-look, and rerun
+# ------------------------------------------- the real decision, end to end; kill -9 and rerun
 
 
-def _double_process(claim: Path, cells: Path) -> subprocess.Popen:
-    # The double's script runs run_decide with decide_double in one process (--workers 0): the
-    # kill lands on the process that trains, decides and writes alike.
-    return subprocess.Popen([sys.executable, str(TESTS / "decide_double.py"), str(claim), str(cells)],
+def _decide_process(claim: Path, cells: Path, *flags) -> subprocess.Popen:
+    # `ablate reproduce --decide` (analysis.sequential deciding); --workers 0 unless flags say
+    # otherwise: a kill lands on the process that trains, decides and writes alike.
+    flags = flags or ("--workers", "0")
+    return subprocess.Popen([sys.executable, str(TESTS / "reproduce_process.py"), "reproduce", str(claim), "--decide",
+                             "--out", str(cells), "--quiet", *flags],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
 @pytest.mark.slow
-def test_decide_killed_9_mid_look_and_rerun_ends_on_the_same_verdict(tmp_path):
+def test_decide_adds_looks_stops_and_killed_9_mid_look_reruns_to_the_same_verdict(tmp_path):
+    from ablate.analysis.sequential import LOOKS
+
     claim = mini_claim(tmp_path)
-    whole = _double_process(claim, tmp_path / "whole")
-    assert whole.wait(timeout=600) == 0, whole.communicate()[0]
+    whole = _decide_process(claim, tmp_path / "whole")
+    text = whole.communicate(timeout=900)[0]
+    assert whole.returncode == 0, text
+    verdict = json.loads((tmp_path / "whole" / "decide" / "verdict.json").read_text())
+    (clause,) = verdict["clauses"]
+    looks = [look["seeds"] for look in clause["looks"]]
+    assert len(looks) >= 2 and looks == list(LOOKS[:len(looks)])  # looks were added, in the design's steps
+    assert verdict["stopped"] in ("every clause decided", "no look left") and verdict["done"]
+    assert seeds_of(cell_ids(tmp_path / "whole"), "gelu") == list(range(looks[-1]))
+    assert seeds_of(cell_ids(tmp_path / "whole"), "silu") == [0, 1, 2]  # read by no clause
+    assert "look 2 (" in text and f"stopped: {verdict['stopped']}" in text
+
     cells = tmp_path / "cells"
-    proc = _double_process(claim, cells)
+    proc = _decide_process(claim, cells)
     second = cells / "pre.layernorm.gelu.dense.res__seed=3" / "config.json"  # the second look has begun
-    wait_until(lambda: second.exists() or proc.poll() is not None, 600, "the second look to begin")
+    wait_until(lambda: second.exists() or proc.poll() is not None, 600, "the second look to begin", poll=0.05)
     assert proc.poll() is None, proc.communicate()[0]
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (cells / "decide" / "verdict.json").exists()
     assert len(json.loads((cells / "decide" / "decide.json").read_text())["looks"]) == 2  # look 2 was started
-    rerun = _double_process(claim, cells)
-    text = rerun.communicate(timeout=600)[0]
+    rerun = _decide_process(claim, cells)
+    text = rerun.communicate(timeout=900)[0]
     assert rerun.returncode == 0, text
-    assert (cells / "decide" / "verdict.json").read_bytes() == (tmp_path / "whole" / "decide" / "verdict.json").read_bytes()
+    whole_verdict = tmp_path / "whole" / "decide" / "verdict.json"
+    assert (cells / "decide" / "verdict.json").read_bytes() == whole_verdict.read_bytes()
     assert cell_ids(cells) == cell_ids(tmp_path / "whole")
+
+
+# ------------------------------------------------------------------- on cluster backends
+
+
+@pytest.mark.slow
+def test_decide_runs_its_looks_on_the_slurm_backend(tmp_path):
+    # submitit's in-process executor: the SLURM backend's submission and collection, no cluster
+    status, decision, cells = _decide(tmp_path, options=_options(backend="slurm", slurm_cluster="debug"))
+    assert status == 0 and decision.done
+    ids = cell_ids(cells)
+    assert seeds_of(ids, "gelu") == list(range(DECIDED_AT)) and seeds_of(ids, "silu") == [0, 1, 2]
+    assert json.loads((cells / "decide" / "verdict.json").read_text())["stopped"] == "every clause decided"
+
+
+def _ray_cluster_answers() -> bool:
+    pytest.importorskip("ray")
+    probe = "import ray; ray.init(address='auto', log_to_driver=False)"
+    try:
+        with one_ray_at_a_time():
+            return subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=60).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+@pytest.mark.slow
+def test_decide_runs_its_looks_on_a_running_ray_cluster(tmp_path):
+    if not _ray_cluster_answers():
+        engine_missing("no running Ray cluster (ray.init(address='auto') fails); start one with "
+                       "`ray start --head --num-cpus 2`")
+    claim = mini_claim(tmp_path)
+    with one_ray_at_a_time():
+        proc = _decide_process(claim, tmp_path / "cells", "--backend", "ray", "--address", "auto")
+        text = proc.communicate(timeout=900)[0]
+    assert proc.returncode == 0, text
+    assert "Ray (auto)" in text and seeds_of(cell_ids(tmp_path / "cells"), "relu")[:6] == list(range(6))

@@ -304,7 +304,7 @@ def run(args) -> int:
     from ablate.grids import REFUSE_IMPORTS, RUN_IMPORTS, parse_overrides
     from ablate.ladder import parse_widths
 
-    if args.workers is None:
+    if args.workers is None and args.backend == "local":  # ray and slurm take no --workers
         args.workers = 1 if args.full else quick_workers()
     options = GridRunOptions.from_args(args)
     overrides = parse_overrides(args.set)
@@ -320,7 +320,7 @@ def run(args) -> int:
     identities = {plan.claim.name: _backtest_identity(plan, widths, held_out) for plan in plans} if held_out else {}
     for plan in plans:
         print(f"{plan.claim.name}: ladder of {len(plan.rungs)} rungs -> {plan.out}")
-        print("\n".join(estimate(plan, args.workers, args.full)), flush=True)
+        print("\n".join(estimate(plan, args.workers or quick_workers(), args.full)), flush=True)
         if held_out:
             print(f"  held out: w{held_out}, predicted from {', '.join(f'w{w}' for w in sorted(widths))} under the plan "
                   "frozen before it trains", flush=True)

@@ -44,7 +44,8 @@ def add_arguments(p) -> None:
                                                      "grid's seeds, then the next ones); report in OUT/seeds-N/")
     design.add_argument("--decide", action="store_true",
                         help="add seeds in looks, only where a clause is undecided, until every clause is decided "
-                             "or --budget is spent (a group-sequential test holds the error rate); report in OUT/decide/")
+                             "or --budget is spent (a group-sequential test holds the error rate); report in "
+                             "OUT/decide/")
     p.add_argument("--budget", metavar="TIME", help="with --decide: wall time for each claim, e.g. 30m, 90s, 1h; a "
                                                    "look whose estimate does not fit in what is left is not started")
     p.add_argument("--dry-run", action="store_true", help="print the cells the design runs first and the estimate; "
@@ -65,10 +66,6 @@ class Request:
     decide: bool = False
     budget: float | None = None  # seconds, with --decide
     dry_run: bool = False
-
-    @property
-    def quiet(self) -> bool:
-        return self.options.quiet
 
 
 # ------------------------------------------------------------------------------- claims
@@ -199,7 +196,8 @@ def request_from(args) -> Request:
 
     n_seeds, budget = parse_seeds(args.seeds), parse_budget(args.budget)
     if budget is not None and not args.decide:
-        raise ConfigError(f"--budget {args.budget} is for --decide; valid: --decide --budget {args.budget}, or no --budget")
+        raise ConfigError(f"--budget {args.budget} is for --decide; valid: --decide --budget {args.budget}, "
+                          "or no --budget")
     if args.workers is None and args.backend == "local":
         args.workers = 1 if args.full else quick_workers()
     options = GridRunOptions.from_args(args)  # contradictory execution flags refused here
@@ -226,7 +224,7 @@ def default_cells(claim, scale: str, root: Path = DEFAULT_ROOT) -> Path:
     return root / (claim.name if scale == "cpu" else f"{claim.name}-full")
 
 
-def _plan(claim, cells: Path, req: Request):
+def plan_design(claim, cells: Path, req: Request):
     """The loaded grid of the design's first cells, refused before anything is written if it or
     --out is bad."""
     from ablate.claim_design import design_grid
@@ -234,7 +232,10 @@ def _plan(claim, cells: Path, req: Request):
 
     grid = design_grid(claim, req.scale, req.overrides, None if req.decide else req.n_seeds)
     check_grid(grid, cells)
-    check_claim_grid(claim, grid)
+    notes = check_claim_grid(claim, grid)
+    if not req.decide:  # --decide adds the seeds a clause needs
+        for note in notes:
+            print(f"{claim.name}: {note}", flush=True)
     return grid
 
 
@@ -254,12 +255,13 @@ def grid_cells(grid):
     return pd.DataFrame(rows)
 
 
-def check_claim_grid(claim, grid) -> None:
-    """Refuse a claim whose comparisons its grid cannot feed (analysis.claims.check_against_grid)."""
+def check_claim_grid(claim, grid) -> list[str]:
+    """Refuse a claim whose comparisons its grid cannot feed (analysis.claims.check_against_grid);
+    returns its notes on the clauses the grid's seeds cannot decide."""
     from ablate.analysis.claims import ClaimError, check_against_grid
 
     try:
-        check_against_grid(claim, grid_cells(grid))
+        return check_against_grid(claim, grid_cells(grid))
     except ClaimError as e:
         raise ConfigError(str(e)) from None
 
@@ -312,7 +314,7 @@ def reproduce(claim, cells: Path, req: Request, grid=None):
     from ablate.claim_design import design_out
     from ablate.grid_runner import run_grid
 
-    grid = grid or _plan(claim, cells, req)
+    grid = grid or plan_design(claim, cells, req)
     out = design_out(cells, req.n_seeds, decide=False)
     print_plan(claim, grid, cells, req)
     if req.dry_run:
@@ -342,7 +344,7 @@ def run_all(root: Path | None, req: Request) -> int:
     claims = shipped_claims()
     root = root or DEFAULT_ROOT
     planned = [(claim, default_cells(claim, req.scale, root)) for claim in claims.values()]
-    grids = [_plan(claim, cells, req) for claim, cells in planned]  # every one checked first
+    grids = [plan_design(claim, cells, req) for claim, cells in planned]  # every one checked first
     worst, entries = 0, []
     for (claim, cells), grid in zip(planned, grids):
         status, verdict = reproduce(claim, cells, req, grid)
@@ -351,7 +353,12 @@ def run_all(root: Path | None, req: Request) -> int:
     if req.dry_run:
         return worst
     suffix = "" if req.scale == "cpu" else "-full"
-    design = "-decide" if req.decide else f"-seeds-{req.n_seeds}" if req.n_seeds else ""
-    index = write_index(entries, root / f"index{suffix}{design}.md")
+    if req.decide:
+        from ablate.claim_looks import write_decision_index
+
+        index = write_decision_index(entries, root / f"index{suffix}-decide.md")
+    else:
+        design = f"-seeds-{req.n_seeds}" if req.n_seeds else ""
+        index = write_index(entries, root / f"index{suffix}{design}.md")
     print(f"index: {index}")
     return worst
