@@ -27,6 +27,7 @@ from ablate.config import IDENTITY_KEYS, NOT_COMPARED, OPTIONS, TrainConfig
 from ablate.data import TokenData, load_data
 from ablate.errors import ConfigError
 from ablate.kernels import cpu_attention, cpu_gelu, get_backend
+from ablate.kernels.cpu_build import say_fallbacks
 from ablate.model import GPT, build_model
 from ablate.probes import Probes
 from ablate.provenance import git_commit, machine_changed, machine_record, versions
@@ -291,7 +292,9 @@ def _cpu_forms_for(old: dict | None, run_dir: Path, device: torch.device) -> dic
     if device.type != "cpu":
         return dict.fromkeys(CPU_KERNELS)
     if old is None:
-        return {key: kernel.best() for key, (kernel, _) in CPU_KERNELS.items()}
+        forms = {key: kernel.best() for key, (kernel, _) in CPU_KERNELS.items()}
+        say_fallbacks(CPU_KERNELS, forms)
+        return forms
     forms = {}
     for key, (kernel, what) in CPU_KERNELS.items():
         recorded = old.get(key) or kernel.fallback

@@ -80,6 +80,19 @@ def run(args) -> int:
     return _bench(args, device)
 
 
+def _cpu_kernels() -> str:
+    """The CPU C kernels `reference` computes with on this machine, each loaded first: a cached
+    library that does not verify is rebuilt (ablate/kernels/cpu_cache.py), and one that cannot
+    be built is named with why."""
+    from ablate.kernels import cpu_attention, cpu_gelu
+
+    parts = []
+    for what, kernel in (("GELU", cpu_gelu.KERNEL), ("attention", cpu_attention.KERNEL)):
+        lib, why = kernel.library()
+        parts.append(f"{what} {kernel.best()}" + ("" if lib is not None else f" (the C kernel is not used: {why})"))
+    return "reference's CPU forms: " + ", ".join(parts)
+
+
 def _check(args, device) -> int:
     names = _backend_names(args.backends, ",".join(GPU_BACKENDS))
     interpreted = _interpret_triton_on_cpu(device)
@@ -91,6 +104,8 @@ def _check(args, device) -> int:
     notes = []
     if "triton" in running and interpreted:
         notes.append("triton runs in Triton's interpreter on the CPU (TRITON_INTERPRET=1)")
+    if device == "cpu":
+        notes.append(_cpu_kernels())
     print(f"ablate kernels check on {device}: {len(parity.cases(device, args.quick))} cases per backend "
           f"({', '.join(running) or 'none runnable'})" + (f"; {'; '.join(notes)}" if notes else ""), flush=True)
 
