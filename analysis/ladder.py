@@ -24,9 +24,11 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from scipy import stats
 
 from ablate.analysis import scaling
+from ablate.analysis.cpu_forms import mix_note
 from ablate.analysis.safe_files import replace_atomic
 from ablate.analysis.verdict import AGREES, CANNOT_TELL, DISAGREES, evaluate
 
@@ -245,6 +247,7 @@ def summarise(claim, out: Path) -> dict:
             "seconds": ladder.get("seconds"), "ref_width": ladder.get("ref_width"), "rungs": [r["record"] for r in rungs],
             "rung_verdicts": {r["record"]["name"]: r["verdict"].text() for r in rungs},
             "clauses": clauses, "sentences": [f"{c['label']}: {c['sentence']}" for c in clauses],
+            "notes": [n for n in [mix_note(pd.concat([r["runs"].cells for r in rungs]))] if n] if rungs else [],
             "sentence_count": len(clauses), "targets": {k: v for k, v in targets.items() if not k.startswith("_")},
             "_rungs": rungs}
 
@@ -296,6 +299,7 @@ def ladder_markdown(summary: dict, plots: dict) -> str:
                          f"[{_g(b['low'])}, {_g(b['high'])}], measured {_g(b['measured'])}; sign "
                          f"{'right' if b['sign_right'] else 'wrong'}, verdict {b['predicted_verdict']} vs "
                          f"{b['measured_verdict']}")
+    lines += [f"\n**Note: {note}**" for note in summary.get("notes", [])]
     if plots:
         lines += ["", *[f"![{k}](plots/{Path(v).name})" for k, v in plots.items()]]
     if summary.get("seconds") is not None:

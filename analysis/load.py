@@ -22,6 +22,7 @@ import pandas as pd
 # Re-exported for the rest of analysis (DONE, FINISHED, SETTING_KEYS, SUMMARY).
 from ablate.rundir import (CONFIG, DONE, FINISHED, GRID_JSON, METRICS, RUNNING, SETTING_KEYS, SUMMARY,  # noqa: F401
                            identity_keys, summary_status)
+from ablate.analysis.cpu_forms import FORM_KEYS
 from ablate.variant_axes import AXES, VALUE_BEFORE_IT_EXISTED
 
 # The axes of a block variant (ablate/variant_axes.py; docs/variants.md); config.json's `variant` holds one value for each.
@@ -323,6 +324,7 @@ def _cell_frames(files: RunFiles) -> tuple[dict[str, Any], pd.DataFrame]:
         "unigram_entropy": data.get("unigram_entropy"),
         "kernels": config.get("kernels"),
         "device": config.get("device"),
+        **{key: config.get(key) for key in FORM_KEYS},
         "git_commit": config.get("git_commit"),
         "path": str(files.path),
         "_axes": dict(config.get("axes") or {}),

@@ -21,6 +21,7 @@ import pandas as pd
 from ablate.analysis import plots
 from ablate.analysis.plot_jobs import run_plot_jobs
 from ablate.analysis.analyse import Analysis, Settings, analyse
+from ablate.analysis.cpu_forms import forms_line, mix_note
 from ablate.analysis.load import FINISHED
 from ablate.analysis.lr_sensitivity import sweep_table
 from ablate.analysis.metrics import MAD_TO_STD
@@ -230,6 +231,9 @@ def _what_was_run(analysis: Analysis) -> str:
         lines.append("- varied: " + "; ".join(f"{a} = {', '.join(_axis_values(cells, a))}" for a in runs.varying_axes))
     fingerprints = _values(cells, "data_fingerprint")
     lines.append(f"- data fingerprint: {', '.join(f'`{f}`' for f in fingerprints) or 'not recorded'}")
+    cpu_forms = forms_line(cells)
+    if cpu_forms:
+        lines.append(f"- CPU kernel forms: {cpu_forms}")
     commits = _values(cells, "git_commit")
     lines.append(f"- harness commit: {', '.join(f'`{c}`' for c in commits) or 'not recorded (outside a git checkout)'}")
     if analysis.baseline.name and len(analysis.groups) > 1:
@@ -240,6 +244,8 @@ def _what_was_run(analysis: Analysis) -> str:
                         "differences between them are not the variant alone.")
     if len(commits) > 1:
         warnings.append(f"The cells ran on {len(commits)} different harness commits.")
+    if mixed_forms := mix_note(cells):
+        warnings.append(f"**{mixed_forms}**")
     return "## What was run\n\n" + "\n".join(lines) + ("\n\n" + "\n\n".join(warnings) if warnings else "")
 
 

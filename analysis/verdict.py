@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from ablate.analysis import decide
+from ablate.analysis.cpu_forms import mix_note
 from ablate.analysis.claim_measures import MEASURES, Context, Measure, MeasureUnavailable, values_by_key
 from ablate.analysis.claims import NON_INFERIORITY, Claim, Clause, Compare
 from ablate.analysis.load import Runs, load_runs
@@ -102,6 +103,7 @@ class Verdict:
     clauses: list  # of ClauseResult
     reported: list  # of Result
     outcome: str  # AGREES, DISAGREES, CANNOT_TELL or agrees_in_part(k, n)
+    notes: list = field(default_factory=list)  # what the reader must know beside it (cells on mixed CPU forms)
 
     def text(self) -> str:
         return self.outcome
@@ -124,7 +126,8 @@ def evaluate(claim: Claim, source: str | Path | Runs, metrics: pd.DataFrame | No
     adjusted = adjust_p_values([c.p_value for c in clauses], CORRECTION)
     clauses = [_decided(c, p, claim.alpha) for c, p in zip(clauses, adjusted)]
     reported = [compare(ctx, c, claim.alpha, claim.alpha) for c in claim.report]
-    return Verdict(claim, clauses, reported, headline([c.outcome for c in clauses]))
+    notes = [note for note in [mix_note(runs.cells)] if note]
+    return Verdict(claim, clauses, reported, headline([c.outcome for c in clauses]), notes)
 
 
 def headline(outcomes: list[str]) -> str:

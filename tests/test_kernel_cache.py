@@ -19,8 +19,8 @@ import pytest
 from ablate.kernels import cpu_attention, cpu_cache, cpu_gelu
 from ablate.kernels.cpu_build import builds_here
 
-pytestmark = pytest.mark.skipif(not builds_here() or cpu_gelu.library()[0] is None,
-                                reason=f"no C kernel builds here: {cpu_gelu.library()[1]}")
+needs_a_build = pytest.mark.skipif(not builds_here() or cpu_gelu.library()[0] is None,
+                                   reason=f"no C kernel builds here: {cpu_gelu.library()[1]}")
 
 RUN = [sys.executable, "-m", "ablate", "train", "--model", "tiny", "--layers", "2", "--steps", "5", "--batch-size",
        "2", "--seq-len", "16", "--eval-batches", "1", "--final-eval-batches", "1", "--threads", "1", "--device",
@@ -114,6 +114,7 @@ DAMAGE = {"truncated": (_truncated, "truncated?"), "empty": (_empty, "truncated?
           "link-to-dev-zero": (_link_to_dev_zero, "/dev/zero"), "folder": (_folder, "a folder")}
 
 
+@needs_a_build
 @pytest.mark.parametrize("damage", ["truncated", "empty", "random-bytes", "link-to-another-library"])
 def test_a_damaged_library_is_rebuilt_and_the_run_repeats_its_bits(damage, clean, cache, tmp_path):
     library = gelu_library(cache)
@@ -129,6 +130,7 @@ def test_a_damaged_library_is_rebuilt_and_the_run_repeats_its_bits(damage, clean
     assert_verifies(library)
 
 
+@needs_a_build
 @pytest.mark.parametrize("damage", ["link-to-dev-zero", "folder"])
 def test_anything_else_at_the_librarys_name_is_replaced(damage, cache):
     library = gelu_library(cache)
@@ -140,6 +142,7 @@ def test_anything_else_at_the_librarys_name_is_replaced(damage, cache):
     assert_verifies(library)
 
 
+@needs_a_build
 def test_a_fifo_at_the_librarys_name_does_not_hang_the_loader(cache):
     library = gelu_library(cache)
     library.unlink()
@@ -160,6 +163,7 @@ __attribute__((constructor)) static void planted(void) {
 """
 
 
+@needs_a_build
 @pytest.mark.parametrize("record", ["none", "another librarys"])
 def test_a_planted_library_is_not_loaded(record, cache, tmp_path):
     """A library at the cached name that the build did not write never runs its constructor."""
@@ -178,6 +182,7 @@ def test_a_planted_library_is_not_loaded(record, cache, tmp_path):
     assert_verifies(library)
 
 
+@needs_a_build
 def test_two_processes_building_at_once_both_load_it_and_leave_no_build_folders(cache):
     """And a build killed mid-compile (its tmp* folder of objects left behind) is cleaned up."""
     kernels = cache / "kernels"
@@ -212,6 +217,7 @@ def read_only(folder: Path, command: list[str]) -> list[str]:
     return ["unshare", "-rm", "sh", "-c", READ_ONLY_MOUNT, str(folder), *command]
 
 
+@needs_a_build
 def test_a_damaged_library_in_a_read_only_folder_trains_on_the_torch_forms_and_says_so(cache, tmp_path):
     _truncated(gelu_library(cache))
     kernels = cache / "kernels"
@@ -226,6 +232,7 @@ def test_a_damaged_library_in_a_read_only_folder_trains_on_the_torch_forms_and_s
     assert gelu_library(cache).stat().st_size == 16000  # nothing written
 
 
+@needs_a_build
 @pytest.mark.parametrize("compiler", ["CC=/bin/false", "no cc on PATH"])
 def test_without_a_compiler_a_run_trains_on_the_torch_forms_and_says_so(compiler, cache, tmp_path):
     env = {"CC": "/bin/false"} if compiler.startswith("CC") else {"PATH": str(tmp_path / "empty")}
@@ -236,6 +243,7 @@ def test_without_a_compiler_a_run_trains_on_the_torch_forms_and_says_so(compiler
     assert forms(tmp_path / "run") == (cpu_gelu.PASSES, cpu_attention.SDPA)
 
 
+@needs_a_build
 def test_kernels_check_verifies_the_cached_library_first(cache):
     library = gelu_library(cache)
     _truncated(library)
@@ -244,3 +252,48 @@ def test_kernels_check_verifies_the_cached_library_first(cache):
     assert f"GELU {cpu_gelu.best()}" in done.stdout
     assert_verifies(library)
     assert stat.S_ISREG(library.lstat().st_mode)
+
+
+# ------------------------------------------------------- cells on mixed forms say so
+
+
+def _cells_on_two_forms(root):
+    import sys as _sys
+    _sys.path.insert(0, str(Path(__file__).parent))
+    from synthetic_runs import write_grid, write_run
+
+    runs = [write_run(root, variant, seed, losses=[4.0, 3.5, 3.0 + 0.1 * seed + (variant[:4] == "post") * 0.2],
+                      val_loss=3.0 + 0.1 * seed, gelu_cpu="passes" if seed == 2 else "poly-bias",
+                      attention_cpu="blocked")
+            for variant in ("pre.layernorm.gelu.dense.res", "post.layernorm.gelu.dense.res") for seed in range(3)]
+    write_grid(root, runs)
+
+
+def test_a_report_and_a_verdict_name_the_mixed_forms_of_their_cells(tmp_path, capsys):
+    from ablate.analysis.claims import parse_claim
+    from ablate.analysis.verdict import evaluate
+    from ablate.cli import main
+
+    _cells_on_two_forms(tmp_path)
+    assert main(["report", str(tmp_path)]) == 0
+    text = (tmp_path / "report.md").read_text()
+    assert "CPU kernel forms: GELU passes (2 cells), poly-bias (4 cells); attention blocked" in text
+    assert "different forms (GELU: passes in 2, poly-bias in 4 cells)" in text
+    claim = parse_claim({"name": "t", "statement": "s", "source": "test", "grid": "g",
+                         "clause": [{"sentence": "s", "label": "c", "compare": [
+                             {"measure": "final_val_loss", "a": {"norm": "post"}, "b": {"norm": "pre"},
+                              "expect": "higher", "effect": 0.01}]}]})
+    verdict = evaluate(claim, tmp_path)
+    assert len(verdict.notes) == 1 and "GELU: passes in 2" in verdict.notes[0]
+
+
+def test_cells_on_one_form_carry_no_note(tmp_path):
+    from ablate.analysis.cpu_forms import mix_note
+    from ablate.analysis.load import load_runs
+
+    _cells_on_two_forms(tmp_path)
+    for config in tmp_path.glob("*/config.json"):
+        data = json.loads(config.read_text())
+        data["gelu_cpu"] = "poly-bias"
+        config.write_text(json.dumps(data))
+    assert mix_note(load_runs(tmp_path).cells) is None

@@ -323,7 +323,7 @@ def run(args) -> int:
         if summary:
             summaries.append(summary)
             print(f"{plan.claim.name}: {summary['sentence_count']} clause(s); report: {plan.out / 'ladder.md'}")
-            for line in summary["sentences"]:
+            for line in [*summary["sentences"], *(f"note: {n}" for n in summary.get("notes", []))]:
                 print(f"  {line}", flush=True)
     if args.backtest and summaries:
         from ablate.analysis.ladder import write_backtest
