@@ -238,7 +238,8 @@ def check_out_path(out: Path, target: Path) -> None:
 
 
 def read_json(path: Path) -> Any:
-    with open(path) as f:
+    """JSON from a regular file (OSError for a FIFO, a device or a folder: open_regular)."""
+    with open_regular(path) as f:
         return json.load(f)
 
 
