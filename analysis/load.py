@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -233,7 +234,24 @@ def read_run_files(cell_dir: Path, skipped: list[str], rows: bool = True) -> Run
         if config.get(section) is not None and not isinstance(config[section], dict):
             _skip(skipped, f"{name}: {CONFIG} field {section!r} is not an object; cell left out")
             return None
+    if summary_status(summary) in DONE and (why := _not_a_metrics_file(cell_dir / METRICS)):
+        _skip(skipped, f"{name}: finished, but its {METRICS} {why}; its logged steps are left out")
     return RunFiles(cell_dir, config, summary, read_metrics(cell_dir / METRICS, name, skipped) if rows else [])
+
+
+def _not_a_metrics_file(path: Path) -> str | None:
+    """Why a finished cell's metrics.jsonl cannot be read as one (None: a regular file). A
+    FIFO, a device (a link to /dev/zero) or a folder is never opened."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return "is missing"
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a FIFO" if stat.S_ISFIFO(info.st_mode) else "a folder" if stat.S_ISDIR(info.st_mode) else "a device"
+        return f"is {kind}, not a file"
+    return None
 
 
 def read_metrics(path: Path, cell_id: str, skipped: list[str] | None = None) -> list[dict[str, Any]]:

@@ -35,7 +35,7 @@ FAST = ["-O3", "-ffast-math", "-fopenmp", "-fPIC"]
 EXACT = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-fopenmp", "-fPIC"]
 AVX512 = ("-mavx512f", "-mavx512vl", "-mfma", "-mprefer-vector-width=512")
 AVX512_NEEDS = ("avx512f", "avx512vl", "fma")
-_VERIFIED_FILES: list = []  # the libraries loaded, kept open (CpuKernel._load)
+_VERIFIED_FDS: list[int] = []  # the libraries loaded, their descriptors kept open (CpuKernel._load)
 
 
 @dataclass(frozen=True)
@@ -165,8 +165,10 @@ class CpuKernel:
         # Loaded from the very file that was verified. The descriptor stays open: the dynamic
         # loader knows a library by its path, and a closed descriptor's number, reused for the
         # next library, would name this one to it.
-        _VERIFIED_FILES.append(opened)
-        return ctypes.CDLL(f"/proc/self/fd/{opened.fileno()}")
+        with opened:
+            fd = os.dup(opened.fileno())
+        _VERIFIED_FDS.append(fd)
+        return ctypes.CDLL(f"/proc/self/fd/{fd}")
 
     def library(self):
         """(the ctypes library, None) once built, or (None, why not)."""
