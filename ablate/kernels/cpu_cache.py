@@ -82,7 +82,7 @@ def open_verified(library: Path) -> tuple[BinaryIO | None, str | None]:
     loads it through the open file, then closes it."""
     try:
         f = open_regular(library, follow_links=False)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # NotADirectory: the folder is not one (build_lock says so)
         return None, None
     except OSError as e:
         return None, _what_is(library, e)
@@ -127,6 +127,8 @@ def publish(built: Path, library: Path) -> None:
 def build_lock(folder: Path):
     """Hold the folder's build lock (waiting for another process's build to end), after
     removing what builds killed before they finished left in it."""
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "not a folder, where the kernels are built", str(folder))
     folder.mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
