@@ -18,6 +18,7 @@ import pytest
 
 from ablate.kernels import cpu_attention, cpu_cache, cpu_gelu
 from ablate.kernels.cpu_build import builds_here
+from synthetic_runs import write_grid, write_run
 
 needs_a_build = pytest.mark.skipif(not builds_here() or cpu_gelu.library()[0] is None,
                                    reason=f"no C kernel builds here: {cpu_gelu.library()[1]}")
@@ -258,10 +259,6 @@ def test_kernels_check_verifies_the_cached_library_first(cache):
 
 
 def _cells_on_two_forms(root):
-    import sys as _sys
-    _sys.path.insert(0, str(Path(__file__).parent))
-    from synthetic_runs import write_grid, write_run
-
     runs = [write_run(root, variant, seed, losses=[4.0, 3.5, 3.0 + 0.1 * seed + (variant[:4] == "post") * 0.2],
                       val_loss=3.0 + 0.1 * seed, gelu_cpu="passes" if seed == 2 else "poly-bias",
                       attention_cpu="blocked")
