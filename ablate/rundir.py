@@ -173,11 +173,12 @@ def _object(value: Any) -> Mapping[str, Any]:
 # ------------------------------------------------------------------------------ reading and writing
 
 
-def open_regular(path: Path):
+def open_regular(path: Path, follow_links: bool = True):
     """`path` opened for reading in binary if it is a regular file; OSError otherwise. A FIFO
     would block the reader until someone writes it (O_NONBLOCK opens it at once, and fstat
-    says what it is); a device or a folder is no run file either."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    says what it is); a device or a folder is no run file either. follow_links=False refuses
+    a symbolic link at `path` itself (OSError ELOOP)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW))
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise OSError(errno.EINVAL, "not a regular file", str(path))
@@ -237,7 +238,8 @@ def check_out_path(out: Path, target: Path) -> None:
 
 
 def read_json(path: Path) -> Any:
-    with open(path) as f:
+    """JSON from a regular file (OSError for a FIFO, a device or a folder: open_regular)."""
+    with open_regular(path) as f:
         return json.load(f)
 
 

@@ -27,11 +27,13 @@ from ablate.config import IDENTITY_KEYS, NOT_COMPARED, OPTIONS, TrainConfig
 from ablate.data import TokenData, load_data
 from ablate.errors import ConfigError
 from ablate.kernels import cpu_attention, cpu_gelu, get_backend
+from ablate.kernels.cpu_build import say_fallbacks
 from ablate.model import GPT, build_model
 from ablate.probes import Probes
 from ablate.provenance import git_commit, machine_changed, machine_record, versions
 from ablate.rundir import (CHECKPOINT, COMPLETED, CONFIG, DIVERGED, METRICS, SUMMARY, differing, file_version,
-                           finite_or_none, identity, read_json, replace_atomic, run_summary, write_json_atomic)
+                           finite_or_none, identity, open_regular, read_json, replace_atomic, run_summary,
+                           write_json_atomic)
 from ablate.lr import lr_at
 from ablate.sizes import ModelSize
 from ablate.variants import AXES, OPTIMIZERS
@@ -241,10 +243,15 @@ def _read_config(run_dir: Path) -> dict | None:
     try:
         config = read_json(path)
     except (OSError, ValueError) as e:
-        raise ConfigError(f"{path} cannot be read ({type(e).__name__}); valid: remove {run_dir} to start that run again") from None
+        raise ConfigError(f"{path} cannot be read ({_reason(e)}); valid: remove {run_dir} to start that run again") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{path} is not a run's config; valid: remove {run_dir} to start that run again")
     return config
+
+
+def _reason(e: Exception) -> str:
+    """An error reading a run file, in a few words: `OSError: not a regular file` for a FIFO."""
+    return f"{type(e).__name__}: {e.strerror}" if isinstance(e, OSError) and e.strerror else type(e).__name__
 
 
 def _refuse_another_run(run_dir: Path, old: dict, new: dict) -> None:
@@ -314,7 +321,9 @@ def _cpu_forms_for(old: dict | None, run_dir: Path, device: torch.device, kernel
     if device.type != "cpu" or kernels != "cpu":
         return dict.fromkeys(CPU_KERNELS)
     if old is None:
-        return {key: kernel.best() for key, (kernel, _) in CPU_KERNELS.items()}
+        forms = {key: kernel.best() for key, (kernel, _) in CPU_KERNELS.items()}
+        say_fallbacks(CPU_KERNELS, forms)
+        return forms
     forms = {}
     for key, (kernel, what) in CPU_KERNELS.items():
         recorded = old.get(key) or kernel.fallback
@@ -364,7 +373,12 @@ def _keep_metrics_before(path: Path, step: int) -> list[float]:
     if not path.exists():
         return []
     kept, skipped = [], []
-    with open(path, "rb") as f:
+    try:
+        f = open_regular(path)  # a FIFO would block the reader (and the writer after it)
+    except OSError as e:
+        raise ConfigError(f"{path} cannot be read ({_reason(e)}); valid: remove {path.parent} to start that run "
+                          "again") from None
+    with f:
         for number, raw in enumerate(f, start=1):
             try:
                 row = json.loads(raw)
@@ -392,7 +406,7 @@ def missing_logged_steps(path: Path, start: int, log_every: int) -> list[int]:
     expected = set(range(0, start, log_every))
     if not expected or not path.exists():
         return sorted(expected)
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         for raw in f:
             try:
                 expected.discard(json.loads(raw).get("step"))
@@ -418,7 +432,8 @@ def _open_metrics(path: Path):
 
 def _load_checkpoint(path: Path, device) -> dict:
     try:
-        ckpt = torch.load(path, map_location=device, weights_only=True)
+        with open_regular(path) as f:  # a FIFO would block the load
+            ckpt = torch.load(f, map_location=device, weights_only=True)
         if not isinstance(ckpt, dict) or not {"model", "optimizer", "step", "torch_rng"} <= set(ckpt):
             raise ValueError("not a checkpoint of this harness")
         return ckpt

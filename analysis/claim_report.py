@@ -131,6 +131,7 @@ def verdict_section(verdict: Verdict, plots: dict | None = None) -> str:
              f"Source: {claim.source}. The source's own figures: {claim.source_figures}.", "",
              f"**Verdict: {verdict.text()}.**", ""]
     lines += [f"- {clause_line(i, c)}" for i, c in enumerate(verdict.clauses)]
+    lines += [f"\n**Note: {note}**" for note in verdict.notes]
     for kind, caption in (("what", "what the claim says, at a glance"), ("why", "why: the mechanism")):
         pngs = [p for p in plots.get(kind, []) if Path(p).suffix == ".png"]
         if pngs:
@@ -185,7 +186,7 @@ def as_dict(verdict: Verdict) -> dict:
                          "line": clause_line(i, c), "p_value": c.p_value, "p_adjusted": c.p_adjusted,
                          "why": c.why, "p_agree": c.p_agree, "p_futile": c.p_futile,
                          "results": [result(r) for r in c.results]} for i, c in enumerate(verdict.clauses)],
-            "reported": [result(r) for r in verdict.reported]}
+            "reported": [result(r) for r in verdict.reported], "notes": list(verdict.notes)}
 
 
 def write_claim_report(claim: Claim, out: Path, full: bool = True, cells: Path | None = None,

@@ -39,7 +39,7 @@ from typing import Any, Iterable, Iterator
 
 from ablate.analysis.load import VARIANT_AXES, RunFiles, read_run_files, scan_runs, setting_keys
 from ablate.analysis.metrics_index import MetricsIndex
-from ablate.analysis.safe_files import create_temporary, replace_atomic
+from ablate.analysis.safe_files import create_temporary, output_folder, replace_atomic
 from ablate.rundir import COMPLETED, METRICS, RESULT_KEYS, SUMMARY
 
 SUMMARY_FIELDS = RESULT_KEYS  # summary.json's numbers (ablate/rundir.py)
@@ -88,15 +88,30 @@ def read_cells(root: str | Path, out: Path) -> tuple[Iterator[tuple[RunFiles, Me
     return cells, scan.skipped
 
 
+# File systems allow 255 bytes a name: a longer one is cut, with a hash of the whole to keep it unique.
+MAX_COMPONENT_BYTES = 200
+
+
 def path_component(text: str) -> str:
     """A name read from a run folder (data) as one safe path component: no separator, no NUL,
-    never "", "." or "..", so that joining it to --out can neither climb out nor restart at /."""
+    never "", "." or "..", so that joining it to --out can neither climb out nor restart at /;
+    one over MAX_COMPONENT_BYTES is cut and ends in `~` and 12 hex digits of its SHA-256."""
     text = re.sub(r"[/\\\x00]", "_", text)
-    return text if text.strip(".") else text.replace(".", "_") or "_"
+    text = text if text.strip(".") else text.replace(".", "_") or "_"
+    if len(text.encode()) > MAX_COMPONENT_BYTES:
+        digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+        text = text.encode()[:MAX_COMPONENT_BYTES - 13].decode(errors="ignore") + "~" + digest
+    return text
 
 
 def run_name(files: RunFiles) -> str:
     return f"{path_component(files.group)}/seed={path_component(str(files.config.get('seed')))}"
+
+
+def _say(result: Exported, line: str) -> None:
+    """A warning the command prints, one line (as for the damaged cells it skipped)."""
+    warnings.warn(line, stacklevel=2)
+    result.skipped.append(line)
 
 
 def inside(out: Path, name: str) -> Path:
@@ -176,8 +191,11 @@ class TensorBoardRun:
         return state
 
 
-def export_tensorboard(root: str | Path, out: str | Path) -> Exported:
-    """Write (or bring up to date) a TensorBoard log directory `out` for the runs under `root`."""
+def export_tensorboard(root: str | Path, out: str | Path, own_folder: bool = False) -> Exported:
+    """Write (or bring up to date) a TensorBoard log directory `out` for the runs under `root`.
+    own_folder: `out` is the export's own (the default DIR/tensorboard), so a link planted
+    there is replaced by a folder (output_folder), never written through; an --out the user
+    names is theirs, link or not."""
     _require("tensorboard", "tensorboard")
     from tensorboard.compat.proto import event_pb2, summary_pb2
     from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
@@ -186,6 +204,8 @@ def export_tensorboard(root: str | Path, out: str | Path) -> Exported:
     out = Path(out)
     cells, skipped = read_cells(root, out)
     result = Exported(out, skipped=skipped)
+    if own_folder:
+        output_folder(out)
 
     def scalar_event(step: int, wall_time: float, values: dict[str, float]):
         summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in values.items()])
@@ -203,6 +223,9 @@ def export_tensorboard(root: str | Path, out: str | Path) -> Exported:
     for files, metrics in cells:
         with metrics:
             name = run_name(files)
+            if len(files.group.encode()) > MAX_COMPONENT_BYTES:
+                _say(result, f"{files.cell_id}: its group is {len(files.group)} characters, longer than a folder "
+                             f"name may be; its TensorBoard run is {name}")
             all_hparams[name] = values = hparams(files)
             families |= layer_families(metrics.keys)
             run_dir = inside(out, name)
@@ -335,7 +358,7 @@ def export_wandb(root: str | Path, out: str | Path, project: str | None = None) 
     result = Exported(out, skipped=skipped)
     state_dir = out / "wandb" / WANDB_STATE
     states = []
-    (out / "wandb").mkdir(parents=True, exist_ok=True)  # an unwritable --out fails here, not in /tmp/wandb
+    output_folder(out / "wandb")  # a planted link replaced; an unwritable --out fails here, not in /tmp/wandb
     with _wandb_dirs_inside(out / "wandb"):
         try:
             for files, metrics in cells:
@@ -350,7 +373,7 @@ def export_wandb(root: str | Path, out: str | Path, project: str | None = None) 
         for old in (out / "wandb").glob(f"offline-run-*-{state['run_id']}"):
             if old.name != state["folder"]:
                 shutil.rmtree(old)
-        state_dir.mkdir(parents=True, exist_ok=True)
+        output_folder(state_dir)
         text = json.dumps(state)
         replace_atomic(state_path, lambda f: f.write(text.encode()))
     return result

@@ -24,9 +24,11 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from scipy import stats
 
 from ablate.analysis import scaling
+from ablate.analysis.cpu_forms import mix_note
 from ablate.analysis.safe_files import replace_atomic
 from ablate.analysis.verdict import evaluate
 
@@ -217,6 +219,7 @@ def summarise(claim, out: Path) -> dict:
             "seconds": ladder.get("seconds"), "ref_width": ladder.get("ref_width"), "rungs": [r["record"] for r in rungs],
             "rung_verdicts": {r["record"]["name"]: r["verdict"].text() for r in rungs},
             "clauses": clauses, "sentences": [f"{c['label']}: {c['sentence']}" for c in clauses],
+            "notes": [n for n in [mix_note(pd.concat([r["runs"].cells for r in rungs]))] if n] if rungs else [],
             "sentence_count": len(clauses), "targets": {k: v for k, v in targets.items() if not k.startswith("_")},
             "_rungs": rungs}
 
@@ -262,6 +265,7 @@ def ladder_markdown(summary: dict, plots: dict) -> str:
             for name, p in c["predictions"].items():
                 lines.append(f"- predicted at {name} ({_size(p['size'])} params, extrapolated): {_g(p['effect'])} "
                              f"[{_g(p['low'])}, {_g(p['high'])}] (95% prediction interval)")
+    lines += [f"\n**Note: {note}**" for note in summary.get("notes", [])]
     if plots:
         lines += ["", *[f"![{k}](plots/{Path(v).name})" for k, v in plots.items()]]
     if summary.get("seconds") is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ import pandas as pd
 # Re-exported for the rest of analysis (DONE, FINISHED, SETTING_KEYS, SUMMARY).
 from ablate.rundir import (CONFIG, DONE, FINISHED, GRID_JSON, METRICS, RUNNING, SETTING_KEYS, SUMMARY,  # noqa: F401
                            identity_keys, summary_status)
+from ablate.analysis.cpu_forms import FORM_KEYS
 from ablate.variant_axes import AXES, VALUE_BEFORE_IT_EXISTED
 
 # The axes of a block variant (ablate/variant_axes.py; docs/variants.md); config.json's `variant` holds one value for each.
@@ -235,7 +237,24 @@ def read_run_files(cell_dir: Path, skipped: list[str], rows: bool = True) -> Run
         if config.get(section) is not None and not isinstance(config[section], dict):
             _skip(skipped, f"{name}: {CONFIG} field {section!r} is not an object; cell left out")
             return None
+    if summary_status(summary) in DONE and (why := _not_a_metrics_file(cell_dir / METRICS)):
+        _skip(skipped, f"{name}: finished, but its {METRICS} {why}; its logged steps are left out")
     return RunFiles(cell_dir, config, summary, read_metrics(cell_dir / METRICS, name, skipped) if rows else [])
+
+
+def _not_a_metrics_file(path: Path) -> str | None:
+    """Why a finished cell's metrics.jsonl cannot be read as one (None: a regular file). A
+    FIFO, a device (a link to /dev/zero) or a folder is never opened."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return "is missing"
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a FIFO" if stat.S_ISFIFO(info.st_mode) else "a folder" if stat.S_ISDIR(info.st_mode) else "a device"
+        return f"is {kind}, not a file"
+    return None
 
 
 def read_metrics(path: Path, cell_id: str, skipped: list[str] | None = None) -> list[dict[str, Any]]:
@@ -326,6 +345,7 @@ def _cell_frames(files: RunFiles) -> tuple[dict[str, Any], pd.DataFrame]:
         "unigram_entropy": data.get("unigram_entropy"),
         "kernels": config.get("kernels"),
         "device": config.get("device"),
+        **{key: config.get(key) for key in FORM_KEYS},
         "git_commit": config.get("git_commit"),
         "path": str(files.path),
         "_axes": dict(config.get("axes") or {}),

@@ -23,13 +23,14 @@ from ablate.analysis import plots
 from ablate.analysis.plot_jobs import run_plot_jobs
 from ablate.analysis.report_plots import REPORT_PLOTS
 from ablate.analysis.analyse import Analysis, Settings, analyse
+from ablate.analysis.cpu_forms import forms_line, mix_note
 from ablate.analysis.load import FINISHED
 from ablate.analysis.lr_sensitivity import sweep_table
 from ablate.analysis.metrics import MAD_TO_STD
 from ablate.analysis.outcomes import PLATEAU_MARGIN, SCORING_RULE
 from ablate.analysis.stats import (BOOTSTRAP_MIN_VALUES, CONTROLS, CORRECTION_SHORT, CORRECTIONS, MEAN_INTERVAL_RULE,
                                    divergence_sentence, format_p)
-from ablate.analysis.safe_files import replace_atomic
+from ablate.analysis.safe_files import output_folder, replace_atomic
 from ablate.rundir import COMPLETED, DIVERGED, FAILED, RUNNING
 
 REPORT, SUMMARY_CSV, CELLS_CSV, PLOTS_DIR = "report.md", "summary.csv", "cells.csv", "plots"
@@ -76,9 +77,7 @@ def _write_text(path: Path, text: str) -> None:
 def _move_plots(fresh: Path, plots_dir: Path) -> None:
     """Rename the plots made in `fresh` into `plots_dir` (a rename replaces a link at a
     plot's name, never its target); a `plots_dir` that is a link is replaced by a folder."""
-    if plots_dir.is_symlink():
-        plots_dir.unlink()
-    plots_dir.mkdir(exist_ok=True)
+    output_folder(plots_dir)
     for path in sorted(fresh.iterdir()):
         os.replace(path, plots_dir / path.name)
 
@@ -224,6 +223,9 @@ def _what_was_run(analysis: Analysis) -> str:
         lines.append("- varied: " + "; ".join(f"{a} = {', '.join(_axis_values(cells, a))}" for a in runs.varying_axes))
     fingerprints = _values(cells, "data_fingerprint")
     lines.append(f"- data fingerprint: {', '.join(f'`{f}`' for f in fingerprints) or 'not recorded'}")
+    cpu_forms = forms_line(cells)
+    if cpu_forms:
+        lines.append(f"- CPU kernel forms: {cpu_forms}")
     commits = _values(cells, "git_commit")
     lines.append(f"- harness commit: {', '.join(f'`{c}`' for c in commits) or 'not recorded (outside a git checkout)'}")
     if analysis.baseline.name and len(analysis.groups) > 1:
@@ -234,6 +236,8 @@ def _what_was_run(analysis: Analysis) -> str:
                         "differences between them are not the variant alone.")
     if len(commits) > 1:
         warnings.append(f"The cells ran on {len(commits)} different harness commits.")
+    if mixed_forms := mix_note(cells):
+        warnings.append(f"**{mixed_forms}**")
     return "## What was run\n\n" + "\n".join(lines) + ("\n\n" + "\n\n".join(warnings) if warnings else "")
 
 

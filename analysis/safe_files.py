@@ -40,3 +40,14 @@ def create_temporary(path: Path) -> tuple[int, Path]:
             return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666), tmp
         except FileExistsError:  # a name another writer drew: draw again
             continue
+
+
+def output_folder(path: Path) -> Path:
+    """Make `path` a folder to write into, as report's plots/ and export's default folders are:
+    a symbolic link planted at its name is removed (never followed: its target is left as it
+    was) and a real folder made in its place. Returns `path`."""
+    path = Path(path)
+    if path.is_symlink():
+        path.unlink()
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from ablate.analysis import decide
+from ablate.analysis.cpu_forms import mix_note
 from ablate.analysis.claim_measures import MEASURES, Context, Measure, MeasureUnavailable, values_by_key
 from ablate.analysis.claims import NON_INFERIORITY, Claim, Clause, Compare
 from ablate.analysis.load import Runs, load_runs
@@ -137,6 +138,7 @@ class Verdict:
     clauses: list  # of ClauseResult
     reported: list  # of Result
     outcome: str  # the headline (headline())
+    notes: list = field(default_factory=list)  # what the reader must know beside it (cells on mixed CPU forms)
 
     def text(self) -> str:
         return self.outcome
@@ -162,7 +164,9 @@ def evaluate(claim: Claim, source: str | Path | Runs, metrics: pd.DataFrame | No
                for clause in claim.clauses]
     clauses = decide_clauses(claim, results, [claim.alpha] * len(claim.clauses))
     reported = [compare(ctx, c, claim.alpha, claim.alpha) for c in claim.report]
-    return Verdict(claim, clauses, reported, headline([c.outcome for c in clauses], conjunction(clauses, claim.alpha)))
+    notes = [note for note in [mix_note(runs.cells)] if note]
+    return Verdict(claim, clauses, reported, headline([c.outcome for c in clauses], conjunction(clauses, claim.alpha)),
+                   notes)
 
 
 def conjunction(clauses: list, level: float) -> bool:

@@ -37,7 +37,7 @@ def run(args) -> int:
         warnings.simplefilter("always")
         try:
             if args.to == "tensorboard":
-                result = export_tensorboard(source, out)
+                result = export_tensorboard(source, out, own_folder=args.out is None)
             else:
                 result = export_wandb(source, out, args.project)
         except (ExportError, RunsError) as e:

@@ -82,6 +82,19 @@ def run(args) -> int:
     return _bench(args, device)
 
 
+def _cpu_kernels() -> str:
+    """The CPU C kernels the `cpu` backend computes with on this machine, each loaded first: a cached
+    library that does not verify is rebuilt (ablate/kernels/cpu_cache.py), and one that cannot
+    be built is named with why."""
+    from ablate.kernels import cpu_attention, cpu_gelu
+
+    parts = []
+    for what, kernel in (("GELU", cpu_gelu.KERNEL), ("attention", cpu_attention.KERNEL)):
+        lib, why = kernel.library()
+        parts.append(f"{what} {kernel.best()}" + ("" if lib is not None else f" (the C kernel is not used: {why})"))
+    return "the cpu backend's forms: " + ", ".join(parts)
+
+
 def _check(args, device) -> int:
     names = _backend_names(args.backends, ",".join(GPU_BACKENDS), (*GPU_BACKENDS, "cpu"))  # cpu: its own ops' cases
     interpreted = _interpret_triton_on_cpu(device)
@@ -93,6 +106,8 @@ def _check(args, device) -> int:
     notes = []
     if "triton" in running and interpreted:
         notes.append("triton runs in Triton's interpreter on the CPU (TRITON_INTERPRET=1)")
+    if device == "cpu":
+        notes.append(_cpu_kernels())
     counts = ", ".join(f"{len(parity.cases(device, args.quick, parity.ops_for(n)))} for {n}" for n in running)
     print(f"ablate kernels check on {device}: cases {counts or 'none (no backend runnable)'}"
           + (f"; {'; '.join(notes)}" if notes else ""), flush=True)

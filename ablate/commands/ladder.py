@@ -334,7 +334,7 @@ def run(args) -> int:
         if summary:
             summaries.append(summary)
             print(f"{plan.claim.name}: {summary['sentence_count']} clause(s); report: {plan.out / 'ladder.md'}")
-            for line in summary["sentences"]:
+            for line in [*summary["sentences"], *(f"note: {n}" for n in summary.get("notes", []))]:
                 print(f"  {line}", flush=True)
     if held_out and summaries:
         _score(plans, identities, {s["claim"] for s in summaries}, root / f"backtest{suffix}.md")

@@ -334,6 +334,8 @@ def reproduce(claim, cells: Path, req: Request, grid=None):
     print(f"{claim.name}: {verdict.text()} ({time.time() - t0:.0f} s); report: {report}", flush=True)
     for i, clause in enumerate(verdict.clauses):
         print(f"  {clause_line(i, clause)}", flush=True)
+    for note in verdict.notes:
+        print(f"  note: {note}", flush=True)
     return status, verdict
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from ablate.kernels import cpu_cache
 from ablate.provenance import cpuinfo
 
 SOURCES = Path(__file__).with_name("cpu")
@@ -34,6 +35,7 @@ FAST = ["-O3", "-ffast-math", "-fopenmp", "-fPIC"]
 EXACT = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-fopenmp", "-fPIC"]
 AVX512 = ("-mavx512f", "-mavx512vl", "-mfma", "-mprefer-vector-width=512")
 AVX512_NEEDS = ("avx512f", "avx512vl", "fma")
+_VERIFIED_FDS: list[int] = []  # the libraries loaded, their descriptors kept open (CpuKernel._load)
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,13 @@ class Copy:
     source: str
     flags: tuple[str, ...]
     needs: tuple[str, ...]
+
+
+def _why(e: BaseException) -> str:
+    """An error in a line: a compiler's own message when it has one."""
+    detail = (getattr(e, "stderr", b"") or b"")
+    detail = detail.decode(errors="replace") if isinstance(detail, bytes) else str(detail)
+    return " ".join(detail.split())[:200] or str(e)
 
 
 def _compiler() -> str | None:
@@ -57,6 +66,33 @@ def _cpu_flags() -> frozenset[str]:
 
 def cpu_has(*flags: str) -> bool:
     return all(flag in _cpu_flags() for flag in flags)
+
+
+def builds_here() -> bool:
+    """Whether the C kernels are meant to build on this machine (given a C compiler)."""
+    return sys.platform == "linux" and os.uname().machine == "x86_64"
+
+
+_SAID: set[str] = set()
+
+
+def say_fallbacks(kernels: dict, forms: dict) -> None:
+    """One line on stderr (once a process) when a kernel that should build here did not, so
+    that a new run computes its op in the fallback form: the run records that form
+    (config.json), and the line says so, since it gives other bits than a run where the
+    kernel built. `kernels`: config.json key -> (CpuKernel, what it computes); `forms`: the
+    forms the run trains with, by the same keys."""
+    failed = [(what, kernel) for key, (kernel, what) in kernels.items()
+              if forms.get(key) == kernel.fallback and kernel.library()[0] is None]
+    if not failed or not builds_here():
+        return
+    reasons = "; ".join(dict.fromkeys(kernel.library()[1] for _, kernel in failed))
+    line = (f"ablate: the CPU kernels cannot be used here ({reasons}); this run computes "
+            + " and ".join(f"{what} as {kernel.fallback!r}" for what, kernel in failed)
+            + ", recorded in its config.json (other bits than where they build)")
+    if line not in _SAID:
+        _SAID.add(line)
+        print(line, file=sys.stderr, flush=True)
 
 
 class CpuKernel:
@@ -77,20 +113,21 @@ class CpuKernel:
         self._copy_of: dict[str, Copy | None] = {}
         self._functions: tuple[list, dict] = (self._lib, {})
 
-    def _build(self, cc: str) -> Path:
-        """Compile every copy into one shared library named by the hash of the sources, the
-        flags and the compiler's version (another compiler builds anew)."""
+    def _target(self, cc: str) -> Path:
+        """The library's path: named by the hash of the sources, the flags and the compiler's
+        version (another compiler builds anew)."""
         from ablate.data import cache_root
 
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
         names = sorted({c.source for c in self.copies} | set(self.headers))
         sources = "".join((SOURCES / name).read_text() for name in names)
         key = hashlib.sha256((sources + repr(self.copies) + version).encode()).hexdigest()[:16]
-        target = cache_root() / "kernels" / f"{self.name}-{key}.so"
-        if target.exists():
-            return target
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        return cache_root() / "kernels" / f"{self.name}-{key}.so"
+
+    def _compile(self, cc: str, target: Path) -> None:
+        """Compile every copy into one shared library and publish it at `target` with its build
+        record (cpu_cache.publish)."""
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=cpu_cache.BUILD_PREFIX) as tmp:
             objects = []
             for copy in self.copies:
                 obj = Path(tmp) / f"{copy.isa}.o"
@@ -102,18 +139,48 @@ class CpuKernel:
             so = Path(tmp) / "lib.so"
             subprocess.run([cc, "-shared", "-fopenmp", *objects, "-o", str(so), "-lmvec", "-lm"],
                            check=True, capture_output=True, timeout=300)
-            os.replace(so, target)
-        return target
+            cpu_cache.publish(so, target)
+
+    def _load(self, cc: str) -> ctypes.CDLL:
+        """The cached library, loaded once it verifies (cpu_cache.open_verified); built first
+        when missing, and built again, with one line saying why, when it does not verify."""
+        target = self._target(cc)
+        opened, why = cpu_cache.open_verified(target)
+        if opened is None:
+            try:
+                with cpu_cache.build_lock(target.parent):
+                    opened, why = cpu_cache.open_verified(target)  # another process may have built it
+                    if opened is None:
+                        if why:
+                            print(f"ablate: cached kernel library {target} {why}; rebuilding", file=sys.stderr,
+                                  flush=True)
+                        self._compile(cc, target)
+                        opened, why = cpu_cache.open_verified(target)
+            except (OSError, subprocess.SubprocessError) as e:
+                if why:  # say what was wrong with the cached one, and why it could not be rebuilt
+                    raise OSError(f"cached library {target} {why} and cannot be rebuilt: {_why(e)}") from None
+                raise
+            if opened is None:
+                raise OSError(f"the library just built at {target} {why}")
+        # Loaded from the very file that was verified. The descriptor stays open: the dynamic
+        # loader knows a library by its path, and a closed descriptor's number, reused for the
+        # next library, would name this one to it.
+        with opened:
+            fd = os.dup(opened.fileno())
+        _VERIFIED_FDS.append(fd)
+        return ctypes.CDLL(f"/proc/self/fd/{fd}")
 
     def library(self):
         """(the ctypes library, None) once built, or (None, why not)."""
         if not self._lib:
             cc = _compiler()
-            if sys.platform != "linux" or os.uname().machine != "x86_64" or cc is None:
-                self._lib.append((None, "needs Linux on x86-64 and a C compiler (CC, cc or gcc)"))
+            if not builds_here():
+                self._lib.append((None, "needs Linux on x86-64"))
+            elif cc is None:
+                self._lib.append((None, "no C compiler (CC, cc or gcc)"))
             else:
                 try:
-                    lib = ctypes.CDLL(str(self._build(cc)))
+                    lib = self._load(cc)
                     for copy in self.copies:
                         for symbol, argtypes in self.symbols.items():
                             function = getattr(lib, f"{symbol}_{copy.isa}", None)  # None: not in this source
@@ -124,8 +191,7 @@ class CpuKernel:
                         raise OSError(f"no copy defines {', '.join(undefined)}")
                     self._lib.append((lib, None))
                 except (OSError, subprocess.SubprocessError) as e:
-                    detail = (getattr(e, "stderr", b"") or b"").decode(errors="replace")[:200] or e
-                    self._lib.append((None, f"the build failed ({type(e).__name__}: {detail})"))
+                    self._lib.append((None, f"the build failed ({type(e).__name__}: {_why(e)})"))
         return self._lib[0]
 
     def copy_for(self, form: str) -> Copy | None:
