@@ -189,23 +189,23 @@ def as_dict(verdict: Verdict) -> dict:
             "reported": [result(r) for r in verdict.reported]}
 
 
-def write_claim_report(claim: Claim, out: Path, full: bool = True) -> tuple[Path, Verdict]:
+def write_claim_report(claim: Claim, out: Path, full: bool = True, listed_only: bool = False) -> tuple[Path, Verdict]:
     """report.md (the verdict section on top of `ablate report`'s report; with full=False the
     verdict section alone), the claim's plots and verdict.json for a grid folder that ran the
-    claim's grid."""
+    claim's grid. `listed_only`: only the cells its grid.json lists (analysis.load.load_runs)."""
     from ablate.analysis.claim_measures import Context
     from ablate.analysis.claim_plots import write_claim_plots
+    from ablate.analysis.load import load_runs
 
     if full:
         from ablate.analysis.analyse import analyse
 
-        analysis = analyse(out)
+        analysis = analyse(load_runs(out, listed_only))
         runs, metrics = analysis.runs, analysis.metrics
     else:
-        from ablate.analysis.load import load_runs
         from ablate.analysis.metrics import cell_metrics
 
-        runs = load_runs(out)
+        runs = load_runs(out, listed_only)
         metrics = cell_metrics(runs)
     verdict = evaluate(claim, runs, metrics)
     plots = write_claim_plots(claim, Context(runs, metrics), out / "plots")

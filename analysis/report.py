@@ -27,7 +27,7 @@ from ablate.analysis.metrics import MAD_TO_STD
 from ablate.analysis.outcomes import PLATEAU_MARGIN, SCORING_RULE
 from ablate.analysis.stats import (BOOTSTRAP_MIN_VALUES, CONTROLS, CORRECTION_SHORT, CORRECTIONS, MEAN_INTERVAL_RULE,
                                    divergence_sentence, format_p)
-from ablate.analysis.safe_files import replace_atomic
+from ablate.analysis.safe_files import own_folder, replace_atomic
 from ablate.rundir import COMPLETED, DIVERGED, FAILED, RUNNING
 
 REPORT, SUMMARY_CSV, CELLS_CSV, PLOTS_DIR = "report.md", "summary.csv", "cells.csv", "plots"
@@ -74,9 +74,7 @@ def _write_text(path: Path, text: str) -> None:
 def _move_plots(fresh: Path, plots_dir: Path) -> None:
     """Rename the plots made in `fresh` into `plots_dir` (a rename replaces a link at a
     plot's name, never its target); a `plots_dir` that is a link is replaced by a folder."""
-    if plots_dir.is_symlink():
-        plots_dir.unlink()
-    plots_dir.mkdir(exist_ok=True)
+    own_folder(plots_dir)
     for path in sorted(fresh.iterdir()):
         os.replace(path, plots_dir / path.name)
 

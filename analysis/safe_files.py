@@ -30,6 +30,17 @@ def replace_atomic(path: Path, write: Callable[[BinaryIO], Any], fsync: bool = T
         raise
 
 
+def own_folder(path: Path) -> Path:
+    """`path` as a real folder of the writer's own: a symlink planted there is removed (its
+    target left alone) and the folder made, so files written into it never land in the link's
+    target. `report`'s plots/ and the ladder's grids/ and plots/ are made this way."""
+    path = Path(path)
+    if path.is_symlink():
+        path.unlink()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def create_temporary(path: Path) -> tuple[int, Path]:
     """A new file next to `path`, opened for writing. Not tempfile.mkstemp: that creates mode
     0600, and results on a shared machine must be readable by others like any other file
