@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+from ablate.analysis.claim_checks import CLAUSE_LETTERS as LETTERS  # a claim has at most these clauses
 from ablate.analysis.claim_measures import MEASURES
 from ablate.analysis.claims import NON_INFERIORITY, Claim
 from ablate.analysis.outcomes import SCORING_RULE
@@ -14,7 +15,6 @@ from ablate.analysis.verdict import (CANNOT_TELL, CORRECTION, ClauseResult, Resu
                                      outcome_counts)
 
 VERDICT_JSON = "verdict.json"
-LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
 def _p(p: float | None) -> str:
