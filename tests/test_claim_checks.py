@@ -126,3 +126,21 @@ def test_every_shipped_claim_passes_its_checks():
     from ablate.commands.reproduce import shipped_claims
 
     assert len(shipped_claims()) >= 8
+
+
+def test_a_cell_without_a_readable_row_counts_missing_not_unlogged(tmp_path):
+    """identity-init's clause (b): one cell's step-0 row (its only row) unreadable is that seed
+    missing, not "the runs do not log block_change"."""
+    from ablate.analysis.verdict import evaluate
+    from tests.synthetic_runs import write_run
+    from tests.test_claims import POST, PRE, add_metrics, claim_of, sentence
+
+    for s in range(3):
+        for variant, v in ((POST, 0.4), (PRE, 0.1)):
+            run = write_run(tmp_path, variant, s)
+            add_metrics(run, {0: {"block_change/layer_0": v, "block_change/layer_1": v}})
+            if variant == POST and s == 1:
+                (run.path / "metrics.jsonl").write_text('{"step": 0, "loss": \n')  # cut mid-row
+    r = evaluate(claim_of("block_change"), tmp_path).results[0]
+    assert "do not log" not in sentence(r)
+    assert r.n_pairs == 2 and len(r.missing["a"]) == 1

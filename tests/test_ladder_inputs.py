@@ -10,7 +10,7 @@ import pytest
 from ablate import ladder
 from ablate.analysis import ladder as L
 from ablate.cli import main
-from synthetic_runs import write_grid, write_run
+from tests.synthetic_runs import write_grid, write_run
 
 TWO_ARMS = """
 name = "mini"
