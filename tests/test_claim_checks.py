@@ -1,5 +1,5 @@
 """A claim file is checked completely when it loads (analysis/claim_checks.py, called by
-analysis/claims.py load_claim): each hostile value below is refused in one line naming the
+analysis/claims.py load_claim; its selectors against its grid by ablate/claim_grid.py): each hostile value below is refused in one line naming the
 file and the key, before any cell trains, and `ablate reproduce` on such a file exits 2."""
 import pytest
 
@@ -37,10 +37,14 @@ def claim_text(grid="claim-gelu-vs-relu", plot_params='{ split = "act" }', claus
 
 
 def refused(tmp_path, **kw) -> str:
+    """The one-line refusal of a claim file as the shipped claims load: the file's own checks
+    (load_claim), then its selectors against its grid (ablate/claim_grid.py)."""
+    from ablate.claim_grid import check_claim_against_its_grid
+
     path = tmp_path / "hostile.toml"
     path.write_text(claim_text(**kw))
     with pytest.raises(ClaimError) as e:
-        load_claim(path)
+        check_claim_against_its_grid(load_claim(path), str(path))
     message = str(e.value)
     assert message.startswith(str(path)) and "\n" not in message
     return message
