@@ -197,3 +197,12 @@ def test_a_link_planted_at_grids_or_plots_is_replaced_not_written_through(tmp_pa
         _ladder_json(out, claim, (1e-3, 1e-2))
         L.write_ladder_report(claim, out)
     assert list(target.iterdir()) == [] and not (out / name).is_symlink() and any((out / name).iterdir())
+
+
+def test_a_grid_file_with_imports_is_planned_with_trust_imports(capsys, tmp_path, grid_file):
+    (tmp_path / "plug.py").write_text("import torch\nfrom ablate.variants import ACTIVATIONS\n\n"
+                                      "@ACTIVATIONS.register('relu_ladder_test')\ndef relu(x):\n    return torch.relu(x)\n")
+    text = TWO_ARMS.replace('name = "mini"', 'name = "mini"\nimports = ["plug.py"]').replace('"relu"]', '"relu_ladder_test"]')
+    grid_file.write_text(textwrap.dedent(text))
+    assert main(["ladder", str(grid_file), "--trust-imports", "--widths", "16,32,48", "--out", str(tmp_path / "l"),
+                 "--dry-run"]) == 0, capsys.readouterr().err
