@@ -31,6 +31,12 @@ MIN_RUNGS = 3
 # --full: the GPU scale's model at half width, itself, and ANDREA-120M at the top.
 FULL_RUNGS = ({"width": 192}, {}, {"model": "andrea-120m"})
 TARGET_MODEL = "andrea-120m"  # where every ladder's trend is extrapolated to
+# What one ladder may plan, stated once; above it the ladder is refused before anything is built:
+# a rung of at most this many non-embedding parameters (about ten times ANDREA-120M's, the
+# ladder's top with --full) and an estimated time of at most a week (CPU wall time, or with
+# --full GPU-hours), whatever the machine.
+MAX_RUNG_PARAMS = 10 ** 9
+MAX_PLANNED_HOURS = 7 * 24
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,37 @@ def parse_widths(text: str) -> list[int]:
     if any(w < 1 for w in widths):
         raise ConfigError(f"--widths {text!r}: every width must be positive; valid: e.g. 16,32,64")
     return widths
+
+
+def check_widths(text: str, widths: list[int], size) -> None:
+    """Refuse --widths the claim's model size (`size`, an ablate.sizes.ModelSize) cannot take: a
+    width that is not a multiple of its head dimension, or one whose attention matrices alone
+    (4 x width^2 a block) already pass MAX_RUNG_PARAMS, checked before any model is built (a
+    width of 2^31 overflows even a model on the meta device)."""
+    unit, blocks = size.head_dim, size.n_layer
+    widest = int((MAX_RUNG_PARAMS / (4 * blocks)) ** 0.5) // unit * unit
+    for w in widths:
+        if w % unit:
+            raise ConfigError(f"--widths {text}: width {w} is not a multiple of the head dimension {unit} of model "
+                              f"{size.name}; valid: {', '.join(str(unit * k) for k in (1, 2, 4, 8))}, ... up to {widest}")
+        if 4 * w * w * blocks > MAX_RUNG_PARAMS:
+            raise ConfigError(f"--widths {text}: width {w} plans a rung of more than {MAX_RUNG_PARAMS:,} non-embedding "
+                              f"parameters at {blocks} blocks (the ladder's ceiling); valid: widths up to {widest}")
+
+
+def check_sizes(text: str, rungs: list[Rung], sizes: list[int]) -> None:
+    """Refuse a rung whose counted parameters pass MAX_RUNG_PARAMS."""
+    for rung, n in zip(rungs, sizes):
+        if n > MAX_RUNG_PARAMS:
+            raise ConfigError(f"--widths {text}: rung {rung.name} has {n:,} non-embedding parameters, more than the "
+                              f"ladder's ceiling of {MAX_RUNG_PARAMS:,}; valid: narrower widths")
+
+
+def check_planned_hours(name: str, hours: float, what: str) -> None:
+    """Refuse a ladder whose estimated time passes MAX_PLANNED_HOURS (`what`: its unit)."""
+    if hours > MAX_PLANNED_HOURS:
+        raise ConfigError(f"ladder {name}: estimated {hours:,.0f} {what}, more than the ceiling of "
+                          f"{MAX_PLANNED_HOURS} {what} a ladder may plan; valid: narrower --widths or fewer cells")
 
 
 # ------------------------------------------------------------------------------ the grid

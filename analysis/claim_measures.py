@@ -303,8 +303,12 @@ def init_grad_slope(ctx, cell, params) -> float:
          "input) / RMS(block input) at step 0")
 def block_change(ctx, cell, params) -> float:
     steps = ctx.steps(cell["cell_id"])
-    columns = layer_columns(steps, "block_change")
+    # Whether the runs log it is the grid's question, not this cell's: a cell whose rows were
+    # unreadable is missing a value, not proof that nothing logs the probe.
+    columns = layer_columns(ctx.runs.steps, "block_change")
     _need(columns, "block_change/layer_{i} (the probe of the relative change through a block)")
+    if not set(columns) <= set(steps.columns):
+        raise Missing(f"cell {cell['cell_id']} has no readable block_change row")
     return float(_row_at(steps, 0, columns)[columns].to_numpy(dtype=float).mean())
 
 

@@ -34,7 +34,7 @@ from ablate.analysis.labels import label_of, short_labels  # noqa: E402
 from ablate.analysis.load import DONE, layer_columns  # noqa: E402
 from ablate.analysis.plot_jobs import run_plot_jobs  # noqa: E402
 from ablate.analysis.plots import (DIVERGED_COLOUR, ENTROPY_COLOUR, FAST_DRAWING, Layout, Plot, _finish,  # noqa: E402
-                                   _styled, log_y, panel_figure, panel_title, save_figure)
+                                   _styled, log_x, log_y, panel_figure, panel_title, save_figure)
 from ablate.analysis.selection import select  # noqa: E402
 from ablate.registry import Registry  # noqa: E402
 
@@ -188,7 +188,7 @@ def lr_curve(ctx, metrics, params):
                 ax.scatter(gone["lr"], [0.97] * len(gone), marker="x", color=DIVERGED_COLOUR,
                            transform=ax.get_xaxis_transform(), label="diverged seed", clip_on=False)
         _entropy(ax, cells)
-        ax.set_xscale("log")
+        log_x(ax, cells["lr"])
         ax.set_xlabel("learning rate (log scale)")
         panel_title(ax, title, spec)
     axes[0].set_ylabel("final validation loss (nats)")
@@ -241,7 +241,7 @@ def divergence(ctx, metrics, params):
         mine = metrics[(metrics[split] == value) & metrics["status"].isin(DONE)]
         rates = mine.groupby("lr")["status"].apply(lambda s: float((s == DIVERGED).mean()))
         ax.plot(rates.index, rates.to_numpy(), marker="o", color=colours[value], label=labels[value])
-    ax.set_xscale("log")
+    log_x(ax, metrics["lr"])
     ax.set_ylim(-0.05, 1.05)
     ax.set_xlabel("learning rate (log scale)")
     ax.set_ylabel("share of seeds diverged")

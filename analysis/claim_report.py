@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+from ablate.analysis.claim_checks import CLAUSE_LETTERS as LETTERS  # a claim has at most these clauses
 from ablate.analysis.claims import Claim
 from ablate.analysis.outcomes import SCORING_RULE
 from ablate.analysis.safe_files import replace_atomic
@@ -13,7 +14,6 @@ from ablate.analysis.verdict import (CANNOT_TELL, CORRECTION, ClauseResult, Resu
                                      outcome_counts)
 
 VERDICT_JSON = "verdict.json"
-LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
 def _p(p: float | None) -> str:
@@ -190,16 +190,17 @@ def as_dict(verdict: Verdict) -> dict:
 
 
 def write_claim_report(claim: Claim, out: Path, full: bool = True, cells: Path | None = None,
-                       seeds=None) -> tuple[Path, Verdict]:
+                       seeds=None, listed_only: bool = False) -> tuple[Path, Verdict]:
     """report.md (the verdict section on top of `ablate report`'s report; with full=False the
     verdict section alone), the claim's plots and verdict.json for a grid folder that ran the
     claim's grid. `cells`: the grid folder, when the report goes to another folder `out`;
-    `seeds`: the seeds whose cells the verdict reads (a design's; default every cell's)."""
+    `seeds`: the seeds whose cells the verdict reads (a design's; default every cell's);
+    `listed_only`: only the cells its grid.json lists (analysis.load.load_runs)."""
     from ablate.analysis.claim_measures import Context
     from ablate.analysis.claim_plots import write_claim_plots
     from ablate.analysis.load import load_runs
 
-    runs = load_runs(cells or out, seeds)
+    runs = load_runs(cells or out, seeds, listed_only)
     if full:
         from ablate.analysis.analyse import analyse
 

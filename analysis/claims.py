@@ -177,7 +177,12 @@ def load_claim(path: str | Path) -> Claim:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ClaimError(f"{path}: unreadable claim ({' '.join(str(e).split())})") from None
-    return parse_claim(data, str(path))
+    from ablate.analysis.claim_checks import check_claim, check_data
+
+    check_data(data, str(path))  # all of it, before any cell trains
+    claim = parse_claim(data, str(path))
+    check_claim(claim, str(path))
+    return claim
 
 
 def _fail(where: str, message: str):

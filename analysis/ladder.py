@@ -135,7 +135,7 @@ def evaluate_rungs(claim, out: Path, ladder: dict) -> list[dict]:
     for record in ladder["rungs"]:
         rung_claim = claim_at_rung(claim, {float(k): v for k, v in record["rates"].items()}, ladder.get("ref_width"),
                                    record.get("width"))
-        runs = load_runs(Path(out) / record["folder"])
+        runs = load_runs(Path(out) / record["folder"], listed_only=True)  # the rung's own sweep, not an earlier one
         metrics = cell_metrics(runs)
         rungs.append({"record": record, "claim": rung_claim, "runs": runs, "metrics": metrics,
                       "verdict": evaluate(rung_claim, runs, metrics)})
@@ -226,9 +226,10 @@ def summarise(claim, out: Path) -> dict:
 
 def write_ladder_report(claim, out: Path) -> dict:
     from ablate.analysis.ladder_plots import write_ladder_plots
+    from ablate.analysis.report import PLOTS_DIR
 
     summary = summarise(claim, Path(out))
-    plots = write_ladder_plots(summary, Path(out) / "plots")
+    plots = write_ladder_plots(summary, Path(out) / PLOTS_DIR)
     rungs = summary.pop("_rungs")
     del rungs
     _write(Path(out) / RESULT_JSON, json.dumps(summary, indent=2, default=str) + "\n")

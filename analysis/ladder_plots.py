@@ -13,7 +13,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ablate.analysis.plots import save_figure  # noqa: E402
+from ablate.analysis.plots import log_x, save_figure  # noqa: E402
+from ablate.analysis.safe_files import output_folder  # noqa: E402
 
 
 def _columns(n: int) -> int:
@@ -45,7 +46,7 @@ def effects_figure(summary: dict):
                             fmt="s", mfc="none", color="C1", capsize=3)
                 ax.annotate(f"{name}\n(extrapolated)", (p["size"], p["effect"]), fontsize=7,
                             textcoords="offset points", xytext=(4, 4))
-        ax.set_xscale("log")
+        log_x(ax, [r["size"] for r in c["rows"]])  # a rung without a value still spans the sizes
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # minor labels collide on a short span
         ax.set_xlabel("non-embedding parameters")
         ax.set_ylabel(f"{c['measure']}, a - b")
@@ -70,6 +71,8 @@ def lr_figure(summary: dict, rungs: list[dict]):
     fig, axes = plt.subplots(1, len(rungs), figsize=(4.6 * len(rungs), 3.6), squeeze=False)
     for ax, rung in zip(axes.flat, rungs):
         m = rung["metrics"]
+        if "lr" not in m or "scored_loss" not in m:  # no cell of the rung left a config: an empty panel
+            m = m.iloc[0:0].assign(lr=[], scored_loss=[])
         others = [a for a in rung["runs"].varying_axes if a not in ("lr", "seed") and a in m]
         groups = list(m.groupby(others, dropna=False)) if others else [((), m)]
         names = [", ".join(f"{a} {v}" for a, v in zip(others, k if isinstance(k, tuple) else (k,)))
@@ -77,7 +80,7 @@ def lr_figure(summary: dict, rungs: list[dict]):
         for name, (_, g) in zip(names, groups):
             curve = g.groupby("lr")["scored_loss"].mean().sort_index()
             ax.plot(curve.index, curve.values, marker="o", label=name)
-        ax.set_xscale("log")
+        log_x(ax, m["lr"])  # a rung whose every cell failed has no point to span
         ax.set_xlabel("learning rate")
         ax.set_title(f"{rung['record']['name']} ({rung['record']['size']:,} params)", fontsize=9)
         ax.set_ylabel("final val loss (failed runs: unigram entropy)")
@@ -88,8 +91,7 @@ def lr_figure(summary: dict, rungs: list[dict]):
 
 
 def write_ladder_plots(summary: dict, folder: Path) -> dict:
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = output_folder(folder)  # a link planted at plots/ is replaced, as `report` does, never written through
     out = {}
     for name, make in (("effects", lambda: effects_figure(summary)),
                        ("lr", lambda: lr_figure(summary, summary["_rungs"]))):

@@ -145,11 +145,20 @@ class RunFiles:
         return summary_status(self.summary) or RUNNING
 
 
-def load_runs(path: str | Path, seeds: Collection[int] | None = None) -> Runs:
+def load_runs(path: str | Path, seeds: Collection[int] | None = None, listed_only: bool = False) -> Runs:
     """Read a grid folder (grid.json and/or cell folders with config.json, finished or not)
     or a single run directory (config.json directly inside). Raises RunsError otherwise.
-    `seeds`: only the cells of these seeds (a design within a grid folder that holds more)."""
+    `seeds`: only the cells of these seeds (a design within a grid folder that holds more).
+    `listed_only`: only the cells the folder's readable grid.json lists (a ladder's rung whose
+    sweep moved keeps the earlier sweep's cell folders beside its own: they are not its grid's)."""
     scan = scan_runs(path)
+    if listed_only and scan.grid is not None:
+        listed = set(grid_cell_ids(scan.grid))
+        others = [p for p in scan.cell_dirs if p.name not in listed]
+        if others:
+            scan.skipped.append(f"{len(others)} cell folder(s) that grid.json does not list (another sweep's), "
+                                f"left out: {', '.join(p.name for p in others[:3])}{', ...' if len(others) > 3 else ''}")
+            scan.cell_dirs = [p for p in scan.cell_dirs if p.name in listed]
     records, steps = [], []
     for cell_dir in scan.cell_dirs:
         files = read_run_files(cell_dir, scan.skipped)

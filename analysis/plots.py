@@ -340,6 +340,21 @@ def log_y(ax) -> None:
     ax.yaxis.set_minor_locator(NullLocator())
 
 
+def log_x(ax, values) -> None:
+    """A log x axis; where the drawn data give it no positive range (every cell of the panel
+    diverged or failed: nothing but markers on the axis' own transform, or no point at all), its
+    limits come from `values` (the rates the panel swept). Left linear when none is positive."""
+    low, high = ax.dataLim.intervalx
+    if np.isfinite([low, high]).all() and low > 0:
+        ax.set_xscale("log")
+        return
+    xs = pd.to_numeric(pd.Series(list(values), dtype=object), errors="coerce").to_numpy(dtype=float)
+    xs = xs[np.isfinite(xs) & (xs > 0)]
+    if xs.size:
+        ax.set_xscale("log")
+        ax.set_xlim(xs.min() / 1.5, xs.max() * 1.5)
+
+
 def _styled(plot_function):
     """Draw inside seaborn's style without changing the caller's global matplotlib settings."""
     @functools.wraps(plot_function)
@@ -658,7 +673,7 @@ def plot_lr_sensitivity(sweeps, metrics: pd.DataFrame, out_dir: Path, style: Sty
                 ax.annotate(f"{n}", (lr, 0.97), xycoords=ax.get_xaxis_transform(), xytext=(4, -3),
                             textcoords="offset points", fontsize=7, color=DIVERGED_COLOUR)
         draw_unigram_entropy(ax, metrics[metrics["group"].isin([g for s in mine for g in s.groups.values()])])
-        ax.set_xscale("log")
+        log_x(ax, [lr for s in mine for lr in s.lrs])
         ax.set_xlabel("learning rate (log scale)")
         panel_title(ax, label_of(dict(setting)) if setting else "all cells", spec)
     for ax in axes[::spec.columns]:

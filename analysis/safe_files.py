@@ -45,7 +45,8 @@ def create_temporary(path: Path) -> tuple[int, Path]:
 def output_folder(path: Path) -> Path:
     """Make `path` a folder to write into, as report's plots/ and export's default folders are:
     a symbolic link planted at its name is removed (never followed: its target is left as it
-    was) and a real folder made in its place. Returns `path`."""
+    was) and a real folder made in its place. Returns `path`. The ladder's grids/ and plots/ are
+    made this way too."""
     path = Path(path)
     if path.is_symlink():
         path.unlink()

@@ -44,6 +44,7 @@ from scipy import optimize, special
 from scipy import stats as scipy_stats
 
 from ablate.analysis import decide
+from ablate.analysis.claim_checks import CLAUSE_LETTERS
 from ablate.analysis.claim_measures import Context
 from ablate.analysis.claims import Claim, Clause
 from ablate.analysis.verdict import (AGREES, CANNOT_TELL, DISAGREES, SWEEP_SEEDS, Result, compare, headline,
@@ -54,7 +55,6 @@ from ablate.analysis.verdict import (AGREES, CANNOT_TELL, DISAGREES, SWEEP_SEEDS
 # spending over a longer design would keep so much alpha for its last look that the sign test
 # (smallest p 1/2^n) could not decide at 12 seeds at Holm's first level.
 LOOKS = (3, 6, 12)
-LETTERS = "abcdefghijklmnopqrstuvwxyz"
 _GRID = 1201  # points of the numerical integration over the statistic's continuation region
 
 
@@ -258,7 +258,7 @@ def _clause_decision(j: int, clause: Clause, results: list[Result], path: list[L
     status = path[-1].outcome if path else CANNOT_TELL
     rates = _rates(results)
     shown = tuple(_at_look(r, path[-1]) for r in results) if path else tuple(results)
-    c = ClauseDecision(LETTERS[j], clause.label, status, status != CANNOT_TELL, "", path, level, shown, rates=rates)
+    c = ClauseDecision(CLAUSE_LETTERS[j], clause.label, status, status != CANNOT_TELL, "", path, level, shown, rates=rates)
     c.why = _why(c, results, looks)
     if not c.decided:
         have = _units(results)

@@ -56,7 +56,8 @@ class LadderPlan:
     def __init__(self, claim, source: Path, scale: str, overrides: dict, widths: list[int], full: bool,
                  imports_policy: str, out: Path):
         from ablate.grids import load_grid
-        from ablate.ladder import grid_rates, read_grid_data, rungs_for, sweep_step, with_rates
+        from ablate.ladder import (check_sizes, check_widths, grid_rates, read_grid_data, rungs_for, sweep_step,
+                                   with_rates)
 
         self.claim, self.source, self.scale, self.overrides, self.out = claim, source, scale, overrides, out
         self.imports_policy = imports_policy
@@ -66,12 +67,17 @@ class LadderPlan:
         ref = _base_config(own)
         self.ref_width = ref.size.d_model
         self.step = sweep_step(sorted(own.axes.get("lr", [])))
+        text = ",".join(str(w) for w in widths)
+        if not full:  # before any rung's model is built: a width of 2^31 overflows even on the meta device
+            check_widths(text, widths, ref.size)
         self.rungs = [with_rates(r, self.lrs) for r in rungs_for(widths, self.ref_width, full, None)]
+        check_ladder_folder(out, self.rungs)
         self.grids = [self.load(r) for r in self.rungs]  # every rung refused now, not half-way
         loaded: dict = {}  # rungs of one size family share their data: read it once
         for rung, grid in zip(self.rungs, self.grids):
             check_data_feeds(rung, _base_config(grid), loaded)
         self.sizes = [nonembedding_params(_base_config(g)) for g in self.grids]
+        check_sizes(text, self.rungs, self.sizes)
         self.targets = _targets(ref, self.rungs[-1].width, self.sizes[-1])
 
     def grid_file(self, rung) -> Path:
@@ -89,7 +95,10 @@ class LadderPlan:
 
         text = rung_grid_text(self.data, rung, self.source)
         if write:
+            from ablate.analysis.safe_files import output_folder
+
             path = self.grid_file(rung)
+            output_folder(path.parent)  # a link planted at grids/ is replaced, never written through
             _write_text(path, text)
             grid = load_grid(path, self.scale, {**self.overrides, **rung.options}, self.imports_policy)
         else:
@@ -104,6 +113,29 @@ class LadderPlan:
             raise ConfigError(str(e)) from None
         check_claim_grid(rung_claim, grid)
         return grid
+
+
+def check_ladder_folder(out: Path, rungs) -> None:
+    """Refuse, before anything is written, a ladder folder whose parts are damaged: a file where
+    the ladder keeps a folder (grids/, plots/, a rung's), a folder where it writes a file (a
+    rung's grid file, ladder.json, ladder.md, ladder_result.json), a rung folder that is a link
+    (its cells would train elsewhere). A link at grids/ or plots/ is replaced when written."""
+    from ablate.analysis.ladder import LADDER_JSON, REPORT_MD, RESULT_JSON
+    from ablate.analysis.report import PLOTS_DIR
+
+    folders = [out / GRIDS_DIR, out / PLOTS_DIR, *[out / r.name for r in rungs]]
+    files = [out / LADDER_JSON, out / REPORT_MD, out / RESULT_JSON, *[out / GRIDS_DIR / f"{r.name}.toml" for r in rungs]]
+    for path in folders:
+        if path.is_symlink() and path.parent == out and path.name not in (GRIDS_DIR, PLOTS_DIR):
+            raise ConfigError(f"ladder folder {out}: rung folder {path.name} is a symbolic link; valid: a folder "
+                              "inside the ladder's (remove the link)")
+        if path.exists() and not path.is_symlink() and not path.is_dir():
+            raise ConfigError(f"ladder folder {out}: {path.relative_to(out)} is a file where the ladder keeps a "
+                              "folder; valid: a folder (move the file away)")
+    for path in files:
+        if path.is_dir() and not path.is_symlink():
+            raise ConfigError(f"ladder folder {out}: {path.relative_to(out)} is a folder where the ladder writes a "
+                              "file; valid: a file or nothing there (move the folder away)")
 
 
 def _base_config(grid):
@@ -163,7 +195,10 @@ def _write_text(path: Path, text: str) -> None:
 
 
 def estimate(plan: LadderPlan, workers: int, full: bool) -> list[str]:
+    """The plan's rungs and estimated time, as printed; refused (ablate.ladder.check_planned_hours)
+    when the time passes the ladder's ceiling."""
     from ablate.commands.reproduce import estimate_gpu_hours, quick_seconds
+    from ablate.ladder import check_planned_hours
 
     from ablate.bench.estimate import grid_speed
 
@@ -179,9 +214,10 @@ def estimate(plan: LadderPlan, workers: int, full: bool) -> list[str]:
             seconds = quick_seconds(grid, max(1, workers), speed)
             total += seconds
             cost = f"about {seconds / 60:.1f} min"
-        rates = ", ".join(f"{r:g}" for r in sorted(set(grid.axes.get("lr", [grid.base.get("lr")]))))
+        rates = ", ".join(f"{r:g}" for r in sorted({grid.configs.setting(c.id).lr for c in grid.cells}))
         lines.append(f"  {rung.name:<6} width {rung.width:<5} {size:>11,} params (non-embedding)  lr x "
                      f"{rung.rate_factor:.3g}: {rates}  {len(grid.cells)} cells  {cost}")
+    check_planned_hours(plan.claim.name, total if full else total / 3600, "GPU-hours" if full else "hours")
     if full:
         from ablate.commands.reproduce import ASSUMED_MFU, ASSUMED_PEAK_FLOPS
 
@@ -228,7 +264,7 @@ def run_ladder(plan: LadderPlan, options, quiet: bool, before_rung=None) -> tupl
                   "placed from this one's results, so the ladder stops here: rerun it to follow up", flush=True)
             return max(worst, 1), {}
         rung_claim = claim_at_rung(plan.claim, rung.rates, plan.ref_width, rung.width)
-        _, verdict = write_claim_report(rung_claim, folder)
+        _, verdict = write_claim_report(rung_claim, folder, listed_only=True)
         print(f"  {rung.name}: {verdict.text()}", flush=True)
         record.append({"name": rung.name, "options": rung.options, "width": rung.width,
                        "rate_factor": rung.rate_factor, "rates": {f"{k:g}": v for k, v in rung.rates.items()},
@@ -277,7 +313,7 @@ def _best_picks(verdict, grid) -> list[tuple[float, float, float]]:
 # ------------------------------------------------------------------------------ the command
 
 
-def _claims_and_sources(names: list[str]):
+def _claims_and_sources(names: list[str], imports_policy: str):
     """[(claim, grid file)] for claim names, `all`, or one grid file (a two-arm claim made for it)."""
     from ablate.commands.reproduce import ALL, shipped_claims
     from ablate.grids import find_grid, load_grid
@@ -292,7 +328,7 @@ def _claims_and_sources(names: list[str]):
             out.append((claims[name], find_grid(claims[name].grid)))
         elif name.endswith(".toml") or Path(name).is_file():
             path = find_grid(name)
-            out.append((two_arm_claim(load_grid(path), str(path)), path))
+            out.append((two_arm_claim(load_grid(path, imports_policy=imports_policy), str(path)), path))
         else:
             raise ConfigError(f"unknown claim {name!r}; valid: {', '.join([*claims, ALL])}, or a grid file with two arms")
     return out
@@ -304,23 +340,29 @@ def run(args) -> int:
     from ablate.grids import REFUSE_IMPORTS, RUN_IMPORTS, parse_overrides
     from ablate.ladder import parse_widths
 
-    if args.workers is None and args.backend == "local":  # ray and slurm take no --workers
+    if args.backtest and getattr(args, "no_wait", False):
+        raise ConfigError("--backtest scores a finished ladder and --no-wait leaves its rungs unfinished; valid: "
+                          "--backtest on a run that waits (rerun without --no-wait once the cells have run)")
+    local = args.backend == "local"
+    if args.workers is None and local:  # another backend refuses --workers: leave it unset there
         args.workers = 1 if args.full else quick_workers()
     options = GridRunOptions.from_args(args)
+    workers = args.workers if local else quick_workers()  # the estimate's cells at once
     overrides = parse_overrides(args.set)
     widths = parse_widths(args.widths)
     held_out = _held_out_width(widths, args.full) if args.backtest else None
     scale = "gpu" if args.full else "cpu"
     root = args.out or DEFAULT_ROOT
     policy = RUN_IMPORTS if args.trust_imports else REFUSE_IMPORTS
-    pairs = _claims_and_sources(args.names)
+    pairs = _claims_and_sources(args.names, policy)
     suffix = "-full" if args.full else ""
     plans = [LadderPlan(claim, source, scale, overrides, widths + ([held_out] if held_out else []), args.full,
                         policy, root / f"{claim.name}{suffix}") for claim, source in pairs]  # all checked first
     identities = {plan.claim.name: _backtest_identity(plan, widths, held_out) for plan in plans} if held_out else {}
-    for plan in plans:
+    estimates = [estimate(plan, workers, args.full) for plan in plans]  # every one refused before any is printed
+    for plan, lines in zip(plans, estimates):
         print(f"{plan.claim.name}: ladder of {len(plan.rungs)} rungs -> {plan.out}")
-        print("\n".join(estimate(plan, args.workers or quick_workers(), args.full)), flush=True)
+        print("\n".join(lines), flush=True)
         if held_out:
             print(f"  held out: w{held_out}, predicted from {', '.join(f'w{w}' for w in sorted(widths))} under the plan "
                   "frozen before it trains", flush=True)
@@ -336,6 +378,13 @@ def run(args) -> int:
             print(f"{plan.claim.name}: {summary['sentence_count']} clause(s); report: {plan.out / 'ladder.md'}")
             for line in [*summary["sentences"], *(f"note: {n}" for n in summary.get("notes", []))]:
                 print(f"  {line}", flush=True)
+    unfinished = [plan.claim.name for plan in plans if not any(s["claim"] == plan.claim.name for s in summaries)]
+    if held_out and unfinished:  # a backtest of some ladders would read as one of all
+        import sys
+
+        print(f"ablate ladder: --backtest not scored: ladder(s) {', '.join(unfinished)} did not finish; valid: rerun "
+              "the ladder until every rung has finished", file=sys.stderr)
+        return max(worst, 1)
     if held_out and summaries:
         _score(plans, identities, {s["claim"] for s in summaries}, root / f"backtest{suffix}.md")
     return worst

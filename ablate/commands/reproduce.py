@@ -78,11 +78,13 @@ def claims_dir() -> Path:
 def shipped_claims() -> dict:
     """Claim name -> Claim, for every variants/claims/*.toml, sorted by name."""
     from ablate.analysis.claims import ClaimError, load_claim
+    from ablate.claim_grid import check_claim_against_its_grid
 
     out = {}
     for path in sorted(claims_dir().glob("*.toml")):
         try:
             claim = load_claim(path)
+            check_claim_against_its_grid(claim, str(path))
         except ClaimError as e:
             raise ConfigError(str(e)) from None
         if claim.name != path.stem:
