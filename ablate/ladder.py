@@ -267,3 +267,36 @@ def two_arm_claim(grid, source: str):
         "clause": [{"label": f"{axis} {a} below {b}", "sentence": f"{axis} = {a} trains to a lower loss than {b}.",
                     "why": "final validation loss, paired by seed" + (", each arm at its best rate" if best else ""),
                     "compare": [compare]}]}, where=f"grid {source}")
+
+
+# --------------------------------------------------------------------- the backtest's frozen plan
+
+
+def analysis_sources_sha256() -> str:
+    """One sha256 over every analysis source and the ladder's rate rule (this file)."""
+    import hashlib
+
+    import ablate.analysis
+
+    files = sorted(Path(ablate.analysis.__file__).parent.glob("*.py")) + [Path(__file__)]
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def plan_identity(claim, grid_file, scale: str, overrides: dict, fitted_widths, held_out_width: int,
+                  alpha: float | None = None) -> dict:
+    """What the backtest's predictions are made under, known before any rung runs (the engine's
+    side: the code's commit and sources; analysis/backtest.py compares and freezes it)."""
+    import ablate
+    from ablate.analysis.backtest import RATE_TRANSFER, sha256_file
+    from ablate.analysis.stats import ONE_SIDED_ALPHA
+    from ablate.provenance import git_commit
+
+    return {"claim": claim.name, "claim_sha256": sha256_file(claim.path), "grid_file": str(grid_file),
+            "grid_sha256": sha256_file(grid_file), "commit": git_commit(), "version": ablate.__version__,
+            "analysis_sha256": analysis_sources_sha256(), "rate_transfer": RATE_TRANSFER, "scale": scale,
+            "overrides": {k: str(v) for k, v in sorted(overrides.items())},
+            "fitted_widths": sorted(int(w) for w in fitted_widths), "held_out": f"w{held_out_width}",
+            "held_out_width": int(held_out_width), "alpha": ONE_SIDED_ALPHA if alpha is None else alpha}

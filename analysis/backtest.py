@@ -48,7 +48,6 @@ from scipy import special, stats
 
 from ablate.analysis.safe_files import replace_atomic
 from ablate.analysis.stats import ONE_SIDED_ALPHA
-from ablate.errors import ConfigError
 
 PLAN_JSON, BACKTEST_MD = "backtest_plan.json", "backtest.md"
 MIN_FIT_RUNGS = 3
@@ -56,6 +55,10 @@ TOO_FEW_RUNGS = "too few rungs to predict"
 TOO_FEW_SEEDS = "too few seeds to predict"
 NO_SPREAD = "the seeds do not vary at any fitted rung: no noise to predict with"
 FORECASTS = ("trend", "persistence", "no change")
+class BacktestError(ValueError):
+    """A plan or held-out rung the backtest refuses; the command reports it in one line (exit 2)."""
+
+
 RATE_TRANSFER = ("every learning rate x (grid width / rung width); a rung's sweep moves one step toward an "
                  "arm's best rate that sat at an end of the rung below's sweep (ablate/ladder.py)")
 # The identity's part recorded for the reader and not compared: the sources' hash decides.
@@ -67,32 +70,6 @@ NOT_COMPARED = ("commit",)
 
 def sha256_file(path) -> str | None:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path and Path(path).is_file() else None
-
-
-def analysis_sources_sha256() -> str:
-    """One sha256 over every analysis source and the ladder's rate rule (ablate/ladder.py)."""
-    import ablate.analysis
-    import ablate.ladder
-
-    files = sorted(Path(ablate.analysis.__file__).parent.glob("*.py")) + [Path(ablate.ladder.__file__)]
-    digest = hashlib.sha256()
-    for f in files:
-        digest.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
-def plan_identity(claim, grid_file, scale: str, overrides: dict, fitted_widths, held_out_width: int,
-                  alpha: float = ONE_SIDED_ALPHA) -> dict:
-    """What the predictions are made under, known before any rung runs."""
-    import ablate
-    from ablate.provenance import git_commit
-
-    return {"claim": claim.name, "claim_sha256": sha256_file(claim.path), "grid_file": str(grid_file),
-            "grid_sha256": sha256_file(grid_file), "commit": git_commit(), "version": ablate.__version__,
-            "analysis_sha256": analysis_sources_sha256(), "rate_transfer": RATE_TRANSFER, "scale": scale,
-            "overrides": {k: str(v) for k, v in sorted(overrides.items())},
-            "fitted_widths": sorted(int(w) for w in fitted_widths), "held_out": f"w{held_out_width}",
-            "held_out_width": int(held_out_width), "alpha": alpha}
 
 
 def _differences(old: dict, new: dict) -> list[str]:
@@ -107,7 +84,7 @@ def load_plan(out: Path) -> dict | None:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise ConfigError(f"{path}: not a backtest plan ({e}); valid: the file `ablate ladder --backtest` wrote") \
+        raise BacktestError(f"{path}: not a backtest plan ({e}); valid: the file `ablate ladder --backtest` wrote") \
             from None
 
 
@@ -117,13 +94,13 @@ def check_plan(out: Path, identity: dict, held_out_started: bool) -> None:
     plan = load_plan(out)
     if plan is None:
         if held_out_started:
-            raise ConfigError(f"{Path(out) / identity['held_out']}: the held-out rung has cells trained without a "
+            raise BacktestError(f"{Path(out) / identity['held_out']}: the held-out rung has cells trained without a "
                               f"frozen plan ({PLAN_JSON}); valid: another --out, or remove that rung's folder")
         return
     changed = _differences(plan, identity)
     if changed:
         what = ", ".join(f"{k} {_short(plan.get(k))} -> {_short(identity.get(k))}" for k in changed)
-        raise ConfigError(f"{Path(out) / PLAN_JSON}: the held-out rung {plan.get('held_out')} was planned under "
+        raise BacktestError(f"{Path(out) / PLAN_JSON}: the held-out rung {plan.get('held_out')} was planned under "
                           f"another plan ({what}); valid: the plan's files and code, or another --out")
 
 
@@ -140,7 +117,7 @@ def freeze_plan(claim, out: Path, identity: dict, held_out: dict, ladder: dict) 
     plan = load_plan(out)
     if plan is not None:
         if plan.get("held_out_grid_sha256") != held_out["grid_sha256"]:
-            raise ConfigError(f"{path}: the held-out rung's grid differs from the one frozen in the plan (its rates "
+            raise BacktestError(f"{path}: the held-out rung's grid differs from the one frozen in the plan (its rates "
                               f"{plan.get('held_out_rates')} -> {held_out['rates']}); valid: another --out")
         return plan
     fitted = {"rungs": [r for r in ladder["rungs"] if r["name"] != identity["held_out"]],
@@ -350,20 +327,20 @@ def decision_accuracy(scored: list[dict], forecast: str, confidence: float = 1 -
 
 
 def score_ladder(claim, out: Path, identity: dict, alpha: float = ONE_SIDED_ALPHA) -> dict:
-    """Score a ladder's held-out rung against its frozen plan; refuse (ConfigError) a held-out
+    """Score a ladder's held-out rung against its frozen plan; refuse (BacktestError) a held-out
     rung made under another plan."""
     from ablate.analysis.ladder import load_ladder
 
     plan = load_plan(out)
     if plan is None:
-        raise ConfigError(f"{Path(out) / PLAN_JSON}: no frozen plan; valid: `ablate ladder {claim.name} --backtest`, "
+        raise BacktestError(f"{Path(out) / PLAN_JSON}: no frozen plan; valid: `ablate ladder {claim.name} --backtest`, "
                           "which writes it before the held-out rung trains")
     check_plan(out, identity, True)
     ladder = load_ladder(out)
     record = next((r for r in ladder["rungs"] if r["name"] == plan["held_out"]), None)
     grid_sha = sha256_file(Path(out) / record["grid_file"]) if record else None
     if record is None or grid_sha != plan["held_out_grid_sha256"]:
-        raise ConfigError(f"{Path(out) / plan['held_out']}: the held-out rung was not made under the frozen plan "
+        raise BacktestError(f"{Path(out) / plan['held_out']}: the held-out rung was not made under the frozen plan "
                           f"(its grid file {_short(grid_sha)}, the plan's {_short(plan['held_out_grid_sha256'])}); "
                           "valid: rerun `ablate ladder --backtest` with the plan's files and code")
     measured = clause_rows(claim, out, {**ladder, "rungs": [record]})

@@ -11,7 +11,7 @@ from scipy import integrate, stats
 
 from ablate.analysis import backtest as B
 from ablate.analysis.stats import ONE_SIDED_ALPHA
-from ablate.errors import ConfigError
+from ablate.ladder import plan_identity
 
 SIZES = (1e4, 1e5, 1e6)  # three fitted rungs, a decade apart
 HELD_OUT = 1e7
@@ -172,10 +172,10 @@ def test_a_held_out_rung_planned_under_another_plan_is_refused(tmp_path):
     (tmp_path / B.PLAN_JSON).write_text(json.dumps({**_identity(), "clauses": []}))
     B.check_plan(tmp_path, _identity(commit="def"), True)  # another commit, the same sources: the same plan
     for key, value in (("grid_sha256", "d" * 64), ("analysis_sha256", "e" * 64), ("fitted_widths", [32, 64, 96])):
-        with pytest.raises(ConfigError, match=f"another plan \\({key}"):
+        with pytest.raises(B.BacktestError, match=f"another plan \\({key}"):
             B.check_plan(tmp_path, _identity(**{key: value}), True)
     (tmp_path / B.PLAN_JSON).unlink()
-    with pytest.raises(ConfigError, match="without a frozen plan"):
+    with pytest.raises(B.BacktestError, match="without a frozen plan"):
         B.check_plan(tmp_path, _identity(), True)  # cells of the held-out rung, no plan
     B.check_plan(tmp_path, _identity(), False)  # a new ladder: nothing to refuse
 
@@ -185,7 +185,7 @@ def test_the_plan_names_the_files_and_code_it_was_made_under(tmp_path):
     from ablate.grids import find_grid
 
     claim = find_claim("swiglu")
-    identity = B.plan_identity(claim, find_grid(claim.grid), "cpu", {}, [64, 16, 32], 128)
+    identity = plan_identity(claim, find_grid(claim.grid), "cpu", {}, [64, 16, 32], 128)
     assert identity["claim_sha256"] == B.sha256_file(claim.path) and len(identity["grid_sha256"]) == 64
     assert identity["fitted_widths"] == [16, 32, 64] and identity["held_out"] == "w128"
     assert len(identity["analysis_sha256"]) == 64 and identity["alpha"] == ONE_SIDED_ALPHA
@@ -226,7 +226,7 @@ def _synthetic_ladder(out: Path):
         rungs.append({"name": f"w{width}", "width": width, "rates": {}, "size": size, "folder": f"w{width}",
                       "grid_file": f"grids/w{width}.toml", "rate_factor": 1.0, "options": {}, "seconds": 60.0})
     ladder = {"claim": "mini", "scale": "cpu", "ref_width": 64, "targets": {}}
-    identity = B.plan_identity(claim, out / "grids" / "w16.toml", "cpu", {}, [16, 32, 64], 128)
+    identity = plan_identity(claim, out / "grids" / "w16.toml", "cpu", {}, [16, 32, 64], 128)
     return claim, identity, ladder, rungs
 
 
@@ -250,9 +250,9 @@ def test_a_plan_frozen_from_the_fitted_rungs_scores_the_held_out_one(tmp_path):
     assert "| mini | gelu below relu | nats | w128 | -0.156 [" in text and "trained in 1.0 min" in text
 
     (tmp_path / "grids" / "w128.toml").write_text("# another rung\n")  # a held-out rung not made under the plan
-    with pytest.raises(ConfigError, match="not made under the frozen plan"):
+    with pytest.raises(B.BacktestError, match="not made under the frozen plan"):
         B.score_ladder(claim, tmp_path, identity)
-    with pytest.raises(ConfigError, match="another plan \\(analysis_sha256"):
+    with pytest.raises(B.BacktestError, match="another plan \\(analysis_sha256"):
         B.score_ladder(claim, tmp_path, {**identity, "analysis_sha256": "f" * 64})
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from ablate.errors import ConfigError
@@ -407,12 +408,25 @@ def _held_out_width(widths: list[int], full: bool) -> int:
 
 def _backtest_identity(plan: LadderPlan, widths: list[int], held_out: int) -> dict:
     """The plan the predictions are made under; a ladder frozen under another is refused now."""
-    from ablate.analysis.backtest import check_plan, plan_identity
+    from ablate.analysis.backtest import check_plan
+    from ablate.ladder import plan_identity
 
     identity = plan_identity(plan.claim, plan.source, plan.scale, plan.overrides, widths, held_out)
     started = any((plan.out / identity["held_out"]).glob(f"*/{SUMMARY}"))
-    check_plan(plan.out, identity, started)
+    with _refused():
+        check_plan(plan.out, identity, started)
     return identity
+
+
+@contextmanager
+def _refused():
+    """A plan or held-out rung the backtest refuses: one line, exit 2 (ConfigError)."""
+    from ablate.analysis.backtest import BacktestError
+
+    try:
+        yield
+    except BacktestError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _freezer(plan: LadderPlan, identity: dict):
@@ -425,7 +439,8 @@ def _freezer(plan: LadderPlan, identity: dict):
             held = {"grid_sha256": sha256_file(plan.grid_file(rung)), "size": size,
                     "seeds": len({grid.configs.setting(c.id).seed for c in grid.cells}),
                     "rates": {f"{k:g}": v for k, v in rung.rates.items()}}
-            freeze_plan(plan.claim, plan.out, identity, held, load_ladder(plan.out))
+            with _refused():
+                freeze_plan(plan.claim, plan.out, identity, held, load_ladder(plan.out))
             print(f"  plan frozen: {plan.out / PLAN_JSON}", flush=True)
     return before
 
@@ -433,7 +448,8 @@ def _freezer(plan: LadderPlan, identity: dict):
 def _score(plans: list[LadderPlan], identities: dict, done: set, combined: Path) -> None:
     from ablate.analysis.backtest import BACKTEST_MD, score_ladder, write_backtest
 
-    scored = [score_ladder(p.claim, p.out, identities[p.claim.name]) for p in plans if p.claim.name in done]
+    with _refused():
+        scored = [score_ladder(p.claim, p.out, identities[p.claim.name]) for p in plans if p.claim.name in done]
     for p, ladder in zip([p for p in plans if p.claim.name in done], scored):
         print(f"backtest: {write_backtest([ladder], p.out / BACKTEST_MD)}")
     if len(scored) > 1:
