@@ -63,7 +63,7 @@ class LookLog:
         return index < len(self.looks) and self.looks[index] == sorted(ids)
 
     def start(self, index: int, ids: list[str]) -> None:
-        self.looks = self.looks[:index] + [sorted(ids)]
+        self.looks = (self.looks + [[]] * index)[:index] + [sorted(ids)]  # a look done before may be skipped
 
     def write(self, path: Path) -> None:
         from ablate.rundir import write_json_atomic
@@ -187,9 +187,18 @@ def run_decide(claim, cells: Path, req, grid=None, decide_fn=None, report_fn=Non
         if set(next_ids) <= set(ids):  # nothing new to run: the statistics need cells that cannot finish
             stopped = f"look {index + 1}'s cells are all run and the decision asks for no new cell"
             break
-        index, ids = index + 1, next_ids
+        index, ids = look_index(decision, index + 1), next_ids
     write_decision(claim, cells, out, decision, stopped, log, report_fn)
     return max(worst, 0 if decision is not None else 1), decision
+
+
+def look_index(decision, default: int) -> int:
+    """The statistical look the decision asks for next (0-based in sequential.LOOKS), read from
+    the seeds it names: a rerun that finds earlier looks' cells on disk jumps to that look."""
+    from ablate.analysis.sequential import LOOKS
+
+    sizes = [len(c.next_seeds) for c in decision.clauses if c.next_seeds]
+    return LOOKS.index(max(sizes)) if sizes and max(sizes) in LOOKS else default
 
 
 def _runs(cells: Path):

@@ -340,3 +340,15 @@ def test_decide_runs_its_looks_on_a_running_ray_cluster(tmp_path):
         text = proc.communicate(timeout=900)[0]
     assert proc.returncode == 0, text
     assert "Ray (auto)" in text and seeds_of(cell_ids(tmp_path / "cells"), "relu")[:6] == list(range(6))
+
+
+def test_a_rerun_that_finds_earlier_looks_on_disk_names_the_look_the_decision_asks_for():
+    from types import SimpleNamespace
+
+    from ablate.analysis.sequential import LOOKS
+    from ablate.claim_looks import look_index
+
+    asks = lambda *seeds: SimpleNamespace(clauses=[SimpleNamespace(next_seeds=s) for s in seeds])  # noqa: E731
+    assert look_index(asks(tuple(range(LOOKS[2])), None), 1) == 2  # the third look, not the loop's second
+    assert look_index(asks(tuple(range(3, 3 + LOOKS[1]))), 5) == 1  # fresh seeds of a best-rate clause
+    assert look_index(asks(None, None), 4) == 4  # nothing asked: the loop's count
