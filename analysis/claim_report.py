@@ -3,6 +3,7 @@ plots, verdict.json, and the index report that links every claim's verdict."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -59,7 +60,10 @@ def _excluded(r: Result) -> str:
         return r.note
     if t.interval is not None and t.name != "exact count":
         what = "the seeds' median of a - b" if t.name.startswith("exact sign") else "a - b"
-        parts.append(f"the data exclude {what} below {t.interval.low:+.3g} or above {t.interval.high:+.3g} {r.unit}")
+        ends = [f"{side} {end:+.3g}" for side, end in (("below", t.interval.low), ("above", t.interval.high))
+                if math.isfinite(end)]
+        parts.append(f"the data exclude {what} {' or '.join(ends)} {r.unit}" if ends else
+                     f"{t.n} seeds exclude no value of {what} yet (its interval is unbounded)")
     if r.kind == "binary" and t.detail:
         parts.append(t.detail)
     if r.seeds_needed is not None and r.kind == "binary":

@@ -188,3 +188,15 @@ def test_seeds_without_spread_are_read_by_the_sign_test(tmp_path):
     assert list(r.seed_values) == [0.0] * 6 and r.test.name == "exact sign test over seeds"
     assert "do not vary: the exact sign test reads them" in r.note
     assert verdict.clauses[0].outcome == DISAGREES  # 6 of 6 seeds short of 0.05: p = 1/64
+
+
+def test_a_cannot_tell_at_three_seeds_says_the_sign_interval_excludes_nothing_yet(tmp_path):
+    from ablate.analysis.claim_report import clause_line
+
+    for s in range(3):  # post fails at every seed, pre never: the claimed way, but 3 seeds
+        write_run(tmp_path, POST, s, losses=[4.0, 3.3], val_loss=3.35, unigram_entropy=3.4)
+        write_run(tmp_path, PRE, s, losses=[4.0, 3.0], val_loss=2.5, unigram_entropy=3.4)
+    verdict = evaluate(claim({"measure": "failed", "a": {"norm": "post"}, "b": {"norm": "pre"}, "expect": "higher",
+                              "effect": 0.25}), tmp_path)
+    line = clause_line(0, verdict.clauses[0])
+    assert "3 seeds exclude no value of the seeds' median of a - b yet" in line and "inf" not in line
