@@ -41,7 +41,7 @@ def figure(r: Result) -> str:
         return f"a - b = {_g(t.estimate, 4)} {r.unit} (exact, {t.estimate / r.mean_b:+.2%} of b)" if r.mean_b else \
             f"a - b = {_g(t.estimate, 4)} {r.unit} (exact)"
     ci = f"[{t.interval.low:.3g}, {t.interval.high:.3g}]" if t.interval else "(no interval)"
-    level = f"{t.interval.confidence:.0%}" if t.interval else ""
+    level = f"{100 * t.interval.confidence:.7g}%" if t.interval else ""  # 95%, 99%, 99.92%: a look's level
     ps = f"p = {_p(t.p_value)}" + (f", beyond the effect p = {_p(t.p_beyond)}" if t.p_beyond is not None else "") + \
         (f", short of it p = {_p(t.p_futile)}" if t.p_futile is not None else "")
     if t.name.startswith("exact sign"):
