@@ -60,7 +60,7 @@ class BacktestError(ValueError):
 
 
 RATE_TRANSFER = ("every learning rate x (grid width / rung width); a rung's sweep moves one step toward an "
-                 "arm's best rate that sat at an end of the rung below's sweep (ablate/ladder.py)")
+                 "arm's best rate that sat at an end of the rung below's sweep (ablate/ladder_rungs.py)")
 # The identity's part recorded for the reader and not compared: the sources' hash decides.
 NOT_COMPARED = ("commit",)
 
@@ -159,7 +159,7 @@ def rung_row(result, name: str, size: float) -> dict:
 def clause_rows(claim, out: Path, ladder: dict) -> list[dict]:
     """Per clause: its first comparison's per-seed effect at every rung of `ladder`."""
     from ablate.analysis.claim_measures import MEASURES
-    from ablate.analysis.ladder import evaluate_rungs, expected_sign, null_of
+    from ablate.analysis.ladder_report import evaluate_rungs, expected_sign, null_of
 
     rungs = evaluate_rungs(claim, out, ladder)
     clauses = []
@@ -329,7 +329,7 @@ def decision_accuracy(scored: list[dict], forecast: str, confidence: float = 1 -
 def score_ladder(claim, out: Path, identity: dict, alpha: float = ONE_SIDED_ALPHA) -> dict:
     """Score a ladder's held-out rung against its frozen plan; refuse (BacktestError) a held-out
     rung made under another plan."""
-    from ablate.analysis.ladder import load_ladder
+    from ablate.analysis.ladder_report import load_ladder
 
     plan = load_plan(out)
     if plan is None:

@@ -3,7 +3,7 @@
 finite, a rate's `than` inside (0, 1), the plot parameters tables, no more clauses than the
 report has letters for. Each refusal is one ClaimError naming the
 file, the key and what is valid. Its selectors against its grid are the engine's check
-(ablate/claim_grid.py: analysis never imports the engine), made when the shipped claims load.
+(ablate/claim/selectors.py: analysis never imports the engine), made when the shipped claims load.
 """
 from __future__ import annotations
 

@@ -336,7 +336,7 @@ def seed_floor_notes(claim: Claim, cells: pd.DataFrame) -> list[str]:
 
 def claim_at_rung(claim: Claim, rates: dict[float, float], ref_width: int | None = None,
                   width: int | None = None) -> Claim:
-    """The claim as a ladder's rung runs it (ablate/ladder.py): every `lr` its comparisons select
+    """The claim as a ladder's rung runs it (ablate/ladder_rungs.py): every `lr` its comparisons select
     mapped as `rates` says, and, where a selector names widths, the claim's own width
     (`ref_width`) replaced by the rung's `width`: every cell of a rung has the rung's width, so a
     report that names only other widths (mlp-ratio's equal-parameter cells) is left out of the

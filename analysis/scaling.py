@@ -1,6 +1,6 @@
 """Effects against model size: the trend across a ladder's rungs, its prediction at a larger
 size, and an effect restated as a compute multiplier. Pure numbers in, numbers out: the
-ladder's report (analysis/ladder.py) feeds it what each rung measured.
+ladder's report (analysis/ladder_report.py) feeds it what each rung measured.
 
 The trend is a weighted least-squares line of the effect against log10(parameters), each rung
 weighted by 1 / se^2, its standard error over seeds (a fixed-effect meta-regression). With more

@@ -7,12 +7,12 @@ import os
 import re
 from pathlib import Path
 
-from ablate import grid_state
+from ablate.grid import state as grid_state
 from ablate import cores
 from ablate.backends import local
 from ablate.cli import build_parser
-from ablate.grid_runner import GridRunOptions, run_checked_grid
-from ablate.grids import load_grid
+from ablate.grid.runner import GridRunOptions, run_checked_grid
+from ablate.grid.spec import load_grid
 from ablate.rundir import CellLock, write_json_atomic
 from test_grids import SMALL, attempts, fake_cell, grid_args, write_grid
 

@@ -11,7 +11,7 @@ from scipy import integrate, stats
 
 from ablate.analysis import backtest as B
 from ablate.analysis.stats import ONE_SIDED_ALPHA
-from ablate.ladder import plan_identity
+from ablate.ladder_rungs import plan_identity
 
 SIZES = (1e4, 1e5, 1e6)  # three fitted rungs, a decade apart
 HELD_OUT = 1e7
@@ -182,7 +182,7 @@ def test_a_held_out_rung_planned_under_another_plan_is_refused(tmp_path):
 
 def test_the_plan_names_the_files_and_code_it_was_made_under(tmp_path):
     from ablate.commands.reproduce import find_claim
-    from ablate.grids import find_grid
+    from ablate.grid.spec import find_grid
 
     claim = find_claim("swiglu")
     identity = plan_identity(claim, find_grid(claim.grid), "cpu", {}, [64, 16, 32], 128)

@@ -1,5 +1,5 @@
 """A claim file is checked completely when it loads (analysis/claim_checks.py, called by
-analysis/claims.py load_claim; its selectors against its grid by ablate/claim_grid.py): each hostile value below is refused in one line naming the
+analysis/claims.py load_claim; its selectors against its grid by ablate/claim/selectors.py): each hostile value below is refused in one line naming the
 file and the key, before any cell trains, and `ablate reproduce` on such a file exits 2."""
 import pytest
 
@@ -38,8 +38,8 @@ def claim_text(grid="claim-gelu-vs-relu", plot_params='{ split = "act" }', claus
 
 def refused(tmp_path, **kw) -> str:
     """The one-line refusal of a claim file as the shipped claims load: the file's own checks
-    (load_claim), then its selectors against its grid (ablate/claim_grid.py)."""
-    from ablate.claim_grid import check_claim_against_its_grid
+    (load_claim), then its selectors against its grid (ablate/claim/selectors.py)."""
+    from ablate.claim.selectors import check_claim_against_its_grid
 
     path = tmp_path / "hostile.toml"
     path.write_text(claim_text(**kw))
@@ -113,12 +113,12 @@ def test_reproduce_refuses_a_hostile_claim_file_with_exit_2(tmp_path, monkeypatc
     folder.mkdir()
     (folder / "hostile.toml").write_text(claim_text(measure="diverged", b="", extra="than = 2.0"))
     monkeypatch.setattr(reproduce, "claims_dir", lambda: folder)
-    import ablate.grid_runner
+    import ablate.grid.runner
 
     def train(*args, **kwargs):
         raise AssertionError("a cell would train on a hostile claim")
 
-    monkeypatch.setattr(ablate.grid_runner, "run_grid", train)
+    monkeypatch.setattr(ablate.grid.runner, "run_grid", train)
     out = tmp_path / "out"
     assert main(["reproduce", "hostile", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()

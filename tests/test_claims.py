@@ -20,7 +20,7 @@ from ablate.analysis.stats import adjust_p_values, mcnemar_pairs_for_power
 from ablate.analysis.verdict import AGREES, CANNOT_TELL, DISAGREES, at_best_lr, evaluate
 from ablate.cli import main
 from ablate.commands.reproduce import QUICK_WORKERS, grid_cells, quick_seconds, shipped_claims
-from ablate.grids import load_grid
+from ablate.grid.spec import load_grid
 from tests.synthetic_runs import write_run
 
 PRE, POST = "pre.layernorm.gelu.dense.res", "post.layernorm.gelu.dense.res"
@@ -533,7 +533,7 @@ def test_reproduce_all_writes_each_verdict_and_plot_and_an_index_linking_every_c
     # The grids are not trained here (the real miniature below trains one): each claim's cells are
     # written as synthetic runs where the grid would run, and the verdicts come without the full report.
     import ablate.analysis.claim_report as claim_report
-    import ablate.grid_runner as grid_runner
+    import ablate.grid.runner as grid_runner
 
     def fake_run_grid(grid, out, options=None, **_):
         synthetic_claim_runs(out, next(c for c in CLAIMS.values() if c.grid == grid.name))

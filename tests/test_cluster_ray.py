@@ -46,7 +46,7 @@ def no_other_ray():
 
 
 def test_a_grid_runs_on_the_running_cluster(tmp_path):
-    from ablate.grids import load_grid
+    from ablate.grid.spec import load_grid
 
     path = write_grid(tmp_path, 'norm = ["pre", "post"]\nseed = [0, 1]\n', steps=12, name="four")
     grid, out = load_grid(path), tmp_path / "out"
@@ -58,7 +58,7 @@ def test_a_grid_runs_on_the_running_cluster(tmp_path):
 
 
 def test_a_killed_ray_worker_is_retried_and_every_step_is_logged_once(tmp_path):
-    from ablate.grids import load_grid
+    from ablate.grid.spec import load_grid
 
     path, steps = killable_grid(tmp_path, "kill")
     grid, out = load_grid(path), tmp_path / "out"

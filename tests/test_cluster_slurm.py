@@ -60,7 +60,7 @@ def job_logs(out: Path, job_id: str) -> str:
 
 
 def test_four_cells_submitted_as_one_array_left_and_collected_by_a_rerun(tmp_path):
-    from ablate.grids import load_grid
+    from ablate.grid.spec import load_grid
 
     path = write_grid(tmp_path, 'norm = ["pre", "post"]\nseed = [0, 1]\n', steps=12, name="four")
     grid, out = load_grid(path), tmp_path / "out"
@@ -89,7 +89,7 @@ def test_four_cells_submitted_as_one_array_left_and_collected_by_a_rerun(tmp_pat
 def test_a_cell_longer_than_its_time_limit_is_requeued_and_resumes_bit_for_bit(tmp_path):
     """--time 1 on a cell that needs more than one job: each job stops before the limit with a
     checkpoint, requeues itself and resumes; the metrics equal an uninterrupted local run's."""
-    from ablate.grids import load_grid
+    from ablate.grid.spec import load_grid
 
     batch_size, seq_len = 8, 64
     # About 58 s of training at this machine's speed as measured now (alone; the job trains
@@ -119,7 +119,7 @@ def test_a_cell_longer_than_its_time_limit_is_requeued_and_resumes_bit_for_bit(t
 
 
 def test_a_cancelled_array_task_is_reported_and_a_rerun_recovers_it(tmp_path):
-    from ablate.grids import load_grid
+    from ablate.grid.spec import load_grid
 
     path, steps = killable_grid(tmp_path, "cancel")
     grid, out = load_grid(path), tmp_path / "out"

@@ -98,7 +98,7 @@ def test_a_task_near_its_time_limit_checkpoints_requeues_itself_and_resumes_bit_
     `scontrol requeue 76_1` and exits without a result. Started again (time left ample), it
     resumes and finishes; the metrics equal an uninterrupted run's."""
     from ablate.cell import run_cell
-    from ablate.grids import load_grid
+    from ablate.grid.spec import load_grid
 
     steps = 300  # the deadline passes during startup: the run stops after its first steps
     grid = load_grid(write_grid(tmp_path, "seed = [0]\n", steps=steps, name="limit", checkpoint_every=100_000))
@@ -127,7 +127,7 @@ def test_a_task_near_its_time_limit_checkpoints_requeues_itself_and_resumes_bit_
 @pytest.mark.slow
 def test_a_task_stopped_without_a_deadline_near_reports_where_it_stopped(tmp_path):
     """SIGTERM well before the deadline (scancel): checkpoint, no requeue, a result saying so."""
-    from ablate.grids import load_grid
+    from ablate.grid.spec import load_grid
 
     grid = load_grid(write_grid(tmp_path, "seed = [0]\n", steps=100_000, name="stop"))
     cell, out = grid.cells[0], tmp_path / "out"

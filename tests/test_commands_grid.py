@@ -14,7 +14,7 @@ from cluster_helpers import one_ray_at_a_time
 from live_files import complete_rows
 
 from ablate.cli import main
-from ablate.grids import load_grid
+from ablate.grid.spec import load_grid
 from ablate.rundir import CellLock
 
 pytestmark = pytest.mark.slow

@@ -169,7 +169,7 @@ def test_a_grid_file_crosses_a_plugin_optimizers_own_option(tmp_path):
     grid = tmp_path / "g.toml"
     grid.write_text('name = "g"\nimports = ["my_optim.py"]\n[base]\noptimizer = "adamw_eps"\nsteps = 2\n'
                     '[axes]\neps = [1e-6, 1e-7]\n')
-    code = ("import sys; from pathlib import Path; from ablate.grids import RUN_IMPORTS, load_grid; "
+    code = ("import sys; from pathlib import Path; from ablate.grid.spec import RUN_IMPORTS, load_grid; "
             "print(' '.join(c.id for c in load_grid(Path(sys.argv[1]), imports_policy=RUN_IMPORTS).cells))")
     loaded = subprocess.run([sys.executable, "-c", code, str(grid)], capture_output=True, text=True, timeout=300)
     assert loaded.returncode == 0, loaded.stderr

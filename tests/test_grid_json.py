@@ -1,11 +1,11 @@
-"""grid.json (ablate.grid_state.GridJson): updates re-derive only what changed, and its counts
+"""grid.json (ablate.grid.state.GridJson): updates re-derive only what changed, and its counts
 never go back with two grid processes on one folder."""
 from __future__ import annotations
 
 import json
 
-from ablate import grid_state
-from ablate.grids import load_grid
+from ablate.grid import state as grid_state
+from ablate.grid.spec import load_grid
 from ablate.rundir import write_json_atomic
 
 
@@ -32,7 +32,7 @@ def test_grid_json_updates_rederive_only_the_cells_that_changed(tmp_path, monkey
 
 
 def test_grid_json_counts_never_go_back_with_two_grid_processes_on_one_folder(tmp_path):
-    from ablate.grid_state import GridJson
+    from ablate.grid.state import GridJson
 
     record = {"name": "two", "cells": [{"id": f"c{i}", "group": f"c{i}", "options": {}} for i in range(3)]}
     a, b = GridJson(tmp_path, record), GridJson(tmp_path, record)  # one per grid process

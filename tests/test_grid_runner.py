@@ -1,4 +1,4 @@
-"""The grid runner as a library (ablate.grid_runner), the one backend interface, and cells that
+"""The grid runner as a library (ablate.grid.runner), the one backend interface, and cells that
 hold their resolved config with the execution settings apart."""
 import pickle
 from pathlib import Path
@@ -10,14 +10,14 @@ from ablate.backends import BACKENDS, backend_class
 from ablate.backends.base import Backend
 from ablate.cell import Cell, CellResources
 from ablate.errors import ConfigError
-from ablate.grid_runner import GridRunOptions, run_grid
-from ablate.grids import load_grid
+from ablate.grid.runner import GridRunOptions, run_grid
+from ablate.grid.spec import load_grid
 from ablate.train import plan_run
 import json
 import textwrap
 from ablate.backends import local
 from ablate.cli import build_parser
-from ablate.grid_runner import run_checked_grid
+from ablate.grid.runner import run_checked_grid
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ablate"
 

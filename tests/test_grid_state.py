@@ -1,4 +1,4 @@
-"""ablate.grid_state: a grid folder's state read from its run folders alone: each cell's
+"""ablate.grid.state: a grid folder's state read from its run folders alone: each cell's
 status (ablate.rundir.status), grid.json re-derived from them, and which cells to dispatch."""
 import json
 import subprocess
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ablate import grid_state
+from ablate.grid import state as grid_state
 from ablate.cell import Cell
 from ablate.errors import ConfigError
 from ablate.rundir import CONFIG, GRID_JSON, METRICS, SUMMARY, write_json_atomic

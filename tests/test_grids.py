@@ -1,4 +1,4 @@
-"""Grid files (ablate/grids.py) and `ablate grid` without real training: expansion, errors,
+"""Grid files (ablate/grid/spec.py) and `ablate grid` without real training: expansion, errors,
 listing, dry runs, grid.json, a grid file's imports; and the fake trainer behind the real
 run_cell that the scheduling tests (test_backend_local.py, test_grid_runner.py) share."""
 import json
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from ablate import grid_state
+from ablate.grid import state as grid_state
 from ablate.cell import CellResources, run_cell
 from ablate.cli import build_parser, main
-from ablate.grid_runner import GridRunOptions
+from ablate.grid.runner import GridRunOptions
 from ablate.errors import ConfigError
-from ablate.grids import load_grid, shipped_grids
+from ablate.grid.spec import load_grid, shipped_grids
 from ablate.rundir import CellLock, write_json_atomic
 import subprocess
 import sys

@@ -1,5 +1,5 @@
-"""`ablate ladder`: the rungs and their rate transfer (ablate/ladder.py), the per-clause effects
-across sizes (analysis/ladder.py), bad input, and a miniature 3-rung ladder
+"""`ablate ladder`: the rungs and their rate transfer (ablate/ladder_rungs.py), the per-clause effects
+across sizes (analysis/ladder_report.py), bad input, and a miniature 3-rung ladder
 end to end with a kill -9 half-way."""
 import json
 import os
@@ -12,13 +12,13 @@ import tomllib
 
 import pytest
 
-from ablate.analysis import ladder as L
+from ablate.analysis import ladder_report as L
 from ablate.analysis.claims import claim_at_rung
 from ablate.analysis.verdict import AGREES
 from ablate.cli import main
 from ablate.errors import ConfigError
-from ablate.grids import find_grid, shipped_grids
-from ablate import ladder
+from ablate.grid.spec import find_grid, shipped_grids
+from ablate import ladder_rungs as ladder
 
 
 # ------------------------------------------------------------------------ rates and rungs
@@ -248,7 +248,7 @@ def test_a_size_the_data_cannot_feed_is_one_line(capsys, tmp_path):
 
 
 def test_a_width_axis_makes_distinct_cells_named_by_their_width(tmp_path):
-    from ablate.grids import load_grid
+    from ablate.grid.spec import load_grid
 
     grid = tmp_path / "widths.toml"
     grid.write_text('[base]\nsteps = 2\n[axes]\nwidth = [32, 64, 128]\nseed = [0]\n')

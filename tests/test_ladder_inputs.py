@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
-from ablate import ladder
-from ablate.analysis import ladder as L
+from ablate import ladder_rungs as ladder
+from ablate.analysis import ladder_report as L
 from ablate.cli import main
 from tests.synthetic_runs import write_grid, write_run
 
@@ -141,7 +141,7 @@ def _ladder_json(out, claim, rates):
 
 
 def _claim(grid_file):
-    from ablate.grids import load_grid
+    from ablate.grid.spec import load_grid
 
     return ladder.two_arm_claim(load_grid(grid_file), str(grid_file))
 

@@ -9,7 +9,7 @@ from ablate.cli import build_parser, main
 from ablate.commands.train import collect_options
 from ablate.config import cell_id, coerce_option, resolve
 from ablate.errors import ConfigError
-from ablate.grids import load_grid, parse_overrides
+from ablate.grid.spec import load_grid, parse_overrides
 
 TINY_RUN = ["--steps", "1", "--batch-size", "2", "--eval-every", "1", "--eval-batches", "1", "--threads", "1", "--quiet"]
 

@@ -1,5 +1,5 @@
 """`ablate reproduce` designs beyond the grid's own: `--seeds N` (a fixed design of N seeds),
-`--decide [--budget]` (looks of more seeds until each clause is decided, ablate/claim_looks.py),
+`--decide [--budget]` (looks of more seeds until each clause is decided, ablate/claim/looks.py),
 and the grid's execution flags (--backend, --workers, the cluster options)."""
 import json
 import os
@@ -13,7 +13,7 @@ import pytest
 from cluster_helpers import engine_missing, one_ray_at_a_time, wait_until
 from decide_double import DECIDED_AT, decide_double, report_double
 
-from ablate.claim_design import parse_budget, seed_sequence
+from ablate.claim.design import parse_budget, seed_sequence
 from ablate.cli import main
 from ablate.errors import ConfigError
 
@@ -108,7 +108,7 @@ def test_seeds_extend_the_grid_s_own_after_the_largest():
 
 
 def test_a_dry_run_of_six_seeds_lists_six_seeds_of_every_cell_and_writes_nothing(tmp_path, capsys):
-    from ablate.grids import load_grid
+    from ablate.grid.spec import load_grid
 
     out = tmp_path / "pw"
     assert main(["reproduce", "prenorm-wins", "--seeds", "6", "--dry-run", "--out", str(out)]) == 0
@@ -132,7 +132,7 @@ def test_a_dry_run_of_decide_lists_the_first_look_and_writes_nothing(tmp_path, c
 
 
 def test_execution_flags_reach_the_grid_runner(tmp_path, monkeypatch, capsys):
-    import ablate.grid_runner as grid_runner
+    import ablate.grid.runner as grid_runner
 
     seen = []
     monkeypatch.setattr(grid_runner, "run_grid", lambda grid, out, options=None, **_: seen.append(options) or 2)
@@ -181,7 +181,7 @@ def test_a_larger_design_reuses_the_quick_cells_and_writes_its_own_verdict(tmp_p
 
 
 def _options(**kw):
-    from ablate.grid_runner import GridRunOptions
+    from ablate.grid.runner import GridRunOptions
 
     return GridRunOptions(**{"workers": 0 if kw.get("backend", "local") == "local" else None, "quiet": True, **kw})
 
@@ -193,7 +193,7 @@ def _request(options=None, **kw):
 
 
 def _decide(tmp_path, **kw):
-    from ablate.claim_looks import run_decide
+    from ablate.claim.looks import run_decide
     from ablate.commands.reproduce import find_claim
 
     cells = tmp_path / "cells"
@@ -247,7 +247,7 @@ def test_a_look_that_does_not_fit_the_budget_is_not_started(tmp_path, monkeypatc
 
 
 def test_a_record_of_another_design_is_set_aside_not_trusted(tmp_path):
-    from ablate.claim_looks import LookLog
+    from ablate.claim.looks import LookLog
 
     key = {"claim": "c", "scale": "cpu", "overrides": {}}
     path = tmp_path / "decide.json"
@@ -346,7 +346,7 @@ def test_a_rerun_that_finds_earlier_looks_on_disk_names_the_look_the_decision_as
     from types import SimpleNamespace
 
     from ablate.analysis.sequential import LOOKS
-    from ablate.claim_looks import look_index
+    from ablate.claim.looks import look_index
 
     asks = lambda *seeds: SimpleNamespace(clauses=[SimpleNamespace(next_seeds=s) for s in seeds])  # noqa: E731
     assert look_index(asks(tuple(range(LOOKS[2])), None), 1) == 2  # the third look, not the loop's second

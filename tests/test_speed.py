@@ -65,7 +65,7 @@ def test_a_step_costs_its_blocks_and_its_flops():
 
 
 def test_a_grid_estimate_shares_the_cells_among_the_workers():
-    from ablate.grids import load_grid
+    from ablate.grid.spec import load_grid
 
     s = known(block_s=0.01, flops_per_s=float("inf"), cell_s=0.0)
     grid = load_grid("claim-prenorm-wins")

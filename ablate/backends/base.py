@@ -2,7 +2,7 @@
 
 A backend trains cells by calling `ablate.cell.run_cell` (through `call_cell`), which owns
 the per-cell flock, so skipping finished cells, locking running ones, resuming and grid.json
-behave the same on every backend. The grid runner (ablate.grid_runner) drives a backend in
+behave the same on every backend. The grid runner (ablate.grid.runner) drives a backend in
 this order, and nothing is written before `prepare` has returned:
 
     check()                 the backend can run here at all (Ray or submitit installed, the

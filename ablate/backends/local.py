@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable
 from ablate.backends.base import Backend, CellFn, RunResult, call_cell, record_failed_cell, record_payload
 from ablate.cores import cpu_count
 from ablate.cell import Cell, CellResources
-from ablate.grid_state import cell_status
+from ablate.grid.state import cell_status
 from ablate.progress import Progress
 from ablate.rundir import PENDING, SUMMARY, read_json
 

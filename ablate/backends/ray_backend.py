@@ -13,7 +13,7 @@ from typing import Any
 from ablate.backends.base import Backend, RunResult, call_cell, record_failed_cell, record_payload
 from ablate.cell import Cell, CellResources
 from ablate.errors import ConfigError
-from ablate.grid_state import refresh_grid_json
+from ablate.grid.state import refresh_grid_json
 from ablate.progress import Progress
 from ablate.rundir import CellLock
 

@@ -27,7 +27,7 @@ from ablate.cores import cpu_count
 from ablate.cell import Cell, CellResources
 from ablate.backends.slurm_tools import parse_seconds
 from ablate.rundir import SUMMARY, read_json, write_json_atomic
-from ablate.grid_state import refresh_grid_json
+from ablate.grid.state import refresh_grid_json
 
 
 def slurm_job_id() -> str | None:

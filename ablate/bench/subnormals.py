@@ -30,7 +30,7 @@ class Pair:
 
 
 def find_cell(grid_name: str, axes: dict):
-    from ablate.grids import load_grid
+    from ablate.grid.spec import load_grid
 
     grid = load_grid(grid_name)
     for cell in grid.cells:

@@ -3,7 +3,7 @@
 GRID is a TOML file or a shipped grid name (`ablate grid --list`). Cells run in local worker
 processes (default), as Ray tasks, or as a SLURM job array; every way calls the same
 idempotent cell function, so a rerun skips finished cells and resumes the others.
-The running itself is the library's (ablate.grid_runner); this module is the command line.
+The running itself is the library's (ablate.grid.runner); this module is the command line.
 Exit status: 0 when every cell ended completed or diverged (or runs in another process),
 1 when a cell failed or ended without a result, 2 for invalid input (nothing written).
 """
@@ -35,7 +35,7 @@ def add_arguments(p) -> None:
 
 
 def add_execution_arguments(p) -> None:
-    """The flags of GridRunOptions (ablate.grid_runner), one per field: where and how cells run."""
+    """The flags of GridRunOptions (ablate.grid.runner), one per field: where and how cells run."""
     p.add_argument("--backend", choices=BACKENDS, default="local", help="where cells run (default local)")
     p.add_argument("--workers", type=int, metavar="N",
                    help="local: cells at once, each in its own process (default: one per GPU x --cells-per-gpu, "
@@ -61,7 +61,7 @@ def add_execution_arguments(p) -> None:
 
 
 def list_grids() -> int:
-    from ablate.grids import load_grid, shipped_grids
+    from ablate.grid.spec import load_grid, shipped_grids
 
     rows = []
     for name in shipped_grids():
@@ -92,7 +92,7 @@ def estimate_line(grid, workers: int) -> str:
 
 
 def dry_run(grid, out: Path, workers: int = 1) -> int:
-    from ablate.grid_state import cell_status
+    from ablate.grid.state import cell_status
 
     print(f"grid {grid.name} ({grid.source}), scale {grid.scale}, out {out}")
     collapsed = len(grid.duplicates)
@@ -125,7 +125,7 @@ def dry_run(grid, out: Path, workers: int = 1) -> int:
 
 def _load(args, overrides):
     """The grid, its imports run only with the user's consent; a dry run without it runs none."""
-    from ablate.grids import LIST_IMPORTS, REFUSE_IMPORTS, RUN_IMPORTS, load_grid
+    from ablate.grid.spec import LIST_IMPORTS, REFUSE_IMPORTS, RUN_IMPORTS, load_grid
     from ablate.variants import VariantError
 
     if args.trust_imports or not args.dry_run:
@@ -148,8 +148,8 @@ def _has_imports(grid: str) -> bool:
 def run(args) -> int:
     if args.list:
         return list_grids()
-    from ablate.grid_runner import GridRunOptions, check_grid, default_out, run_grid
-    from ablate.grids import parse_overrides, shipped_grids
+    from ablate.grid.runner import GridRunOptions, check_grid, default_out, run_grid
+    from ablate.grid.spec import parse_overrides, shipped_grids
 
     if not args.grid:
         raise ConfigError(f"missing GRID; valid: a grid file (TOML) or a shipped grid ({', '.join(shipped_grids())})")

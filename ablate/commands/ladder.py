@@ -1,6 +1,6 @@
-"""`ablate ladder CLAIM... | GRID | all`: a claim's grid at a ladder of model sizes (ablate/ladder.py
+"""`ablate ladder CLAIM... | GRID | all`: a claim's grid at a ladder of model sizes (ablate/ladder_rungs.py
 says what scales and how the learning rates transfer), the clause verdicts per rung, and the
-effects across sizes with a trend and its prediction at ANDREA-120M (analysis/ladder.py).
+effects across sizes with a trend and its prediction at ANDREA-120M (analysis/ladder_report.py).
 `--backtest` adds a held-out rung above the widths (twice the widest), freezes the analysis
 plan and every prediction from the fitted rungs before it trains, and scores the predictions
 (analysis/backtest.py). Output: runs/ladders/NAME[-full]/ (a folder per rung, ladder.md,
@@ -42,7 +42,7 @@ def add_arguments(p) -> None:
 
 
 def _cpu_widths():
-    from ablate.ladder import CPU_WIDTHS
+    from ablate.ladder_rungs import CPU_WIDTHS
 
     return CPU_WIDTHS
 
@@ -56,8 +56,8 @@ class LadderPlan:
 
     def __init__(self, claim, source: Path, scale: str, overrides: dict, widths: list[int], full: bool,
                  imports_policy: str, out: Path):
-        from ablate.grids import load_grid
-        from ablate.ladder import (check_sizes, check_widths, grid_rates, read_grid_data, rungs_for, sweep_step,
+        from ablate.grid.spec import load_grid
+        from ablate.ladder_rungs import (check_sizes, check_widths, grid_rates, read_grid_data, rungs_for, sweep_step,
                                    with_rates)
 
         self.claim, self.source, self.scale, self.overrides, self.out = claim, source, scale, overrides, out
@@ -88,10 +88,10 @@ class LadderPlan:
         """The rung's grid, from its grid file (written first when `write`; else a temporary)."""
         import tempfile
 
-        from ablate.grid_runner import check_grid
-        from ablate.grids import load_grid
+        from ablate.grid.runner import check_grid
+        from ablate.grid.spec import load_grid
         from ablate.analysis.claims import ClaimError, claim_at_rung
-        from ablate.ladder import rung_grid_text
+        from ablate.ladder_rungs import rung_grid_text
         from ablate.commands.reproduce import check_claim_grid
 
         text = rung_grid_text(self.data, rung, self.source)
@@ -121,7 +121,7 @@ def check_ladder_folder(out: Path, rungs) -> None:
     the ladder keeps a folder (grids/, plots/, a rung's), a folder where it writes a file (a
     rung's grid file, ladder.json, ladder.md, ladder_result.json), a rung folder that is a link
     (its cells would train elsewhere). A link at grids/ or plots/ is replaced when written."""
-    from ablate.analysis.ladder import LADDER_JSON, REPORT_MD, RESULT_JSON
+    from ablate.analysis.ladder_report import LADDER_JSON, REPORT_MD, RESULT_JSON
     from ablate.analysis.report import PLOTS_DIR
 
     folders = [out / GRIDS_DIR, out / PLOTS_DIR, *[out / r.name for r in rungs]]
@@ -176,7 +176,7 @@ def _targets(ref_cfg, top_width: int, top_size: int) -> dict:
     with the claim's block."""
     from dataclasses import replace
 
-    from ablate.ladder import TARGET_MODEL
+    from ablate.ladder_rungs import TARGET_MODEL
     from ablate.sizes import get_size
 
     up = replace(ref_cfg, width=top_width * 2, model=ref_cfg.model)
@@ -196,10 +196,10 @@ def _write_text(path: Path, text: str) -> None:
 
 
 def estimate(plan: LadderPlan, workers: int, full: bool) -> list[str]:
-    """The plan's rungs and estimated time, as printed; refused (ablate.ladder.check_planned_hours)
+    """The plan's rungs and estimated time, as printed; refused (ablate.ladder_rungs.check_planned_hours)
     when the time passes the ladder's ceiling."""
     from ablate.commands.reproduce import estimate_gpu_hours, quick_seconds
-    from ablate.ladder import check_planned_hours
+    from ablate.ladder_rungs import check_planned_hours
 
     from ablate.bench.estimate import grid_speed
 
@@ -235,10 +235,10 @@ def run_ladder(plan: LadderPlan, options, quiet: bool, before_rung=None) -> tupl
     the ladder's report. `before_rung(rung, grid, size)`, if given, is called once a rung's grid file
     is written and before it trains. Returns (worst exit status, the ladder's summary)."""
     from ablate.analysis.claim_report import write_claim_report
-    from ablate.analysis.ladder import write_ladder_report
-    from ablate.grid_runner import run_grid
+    from ablate.analysis.ladder_report import write_ladder_report
+    from ablate.grid.runner import run_grid
     from ablate.analysis.claims import claim_at_rung
-    from ablate.ladder import shift_toward_edges, with_rates
+    from ablate.ladder_rungs import shift_toward_edges, with_rates
 
     worst, shift, record = 0, 1.0, []
     earlier = _recorded_seconds(plan.out)
@@ -278,7 +278,7 @@ def run_ladder(plan: LadderPlan, options, quiet: bool, before_rung=None) -> tupl
 
 
 def _write_ladder_json(plan: LadderPlan, record: list[dict]) -> None:
-    from ablate.analysis.ladder import LADDER_JSON  # the file's name, declared where it is read
+    from ablate.analysis.ladder_report import LADDER_JSON  # the file's name, declared where it is read
 
     ladder = {"claim": plan.claim.name, "source": str(plan.source), "scale": plan.scale,
               "ref_width": plan.ref_width, "rungs": record, "targets": plan.targets,
@@ -295,7 +295,7 @@ def _total_seconds(record: list[dict]) -> float | None:
 
 def _recorded_seconds(out: Path) -> dict[str, float]:
     """rung name -> the seconds its run took, as an earlier run of this ladder recorded them."""
-    from ablate.analysis.ladder import load_ladder
+    from ablate.analysis.ladder_report import load_ladder
 
     try:
         return {r["name"]: r["seconds"] for r in load_ladder(out)["rungs"] if r.get("seconds") is not None}
@@ -317,8 +317,8 @@ def _best_picks(verdict, grid) -> list[tuple[float, float, float]]:
 def _claims_and_sources(names: list[str], imports_policy: str):
     """[(claim, grid file)] for claim names, `all`, or one grid file (a two-arm claim made for it)."""
     from ablate.commands.reproduce import ALL, shipped_claims
-    from ablate.grids import find_grid, load_grid
-    from ablate.ladder import two_arm_claim
+    from ablate.grid.spec import find_grid, load_grid
+    from ablate.ladder_rungs import two_arm_claim
 
     claims = shipped_claims()
     if names == [ALL]:
@@ -337,9 +337,9 @@ def _claims_and_sources(names: list[str], imports_policy: str):
 
 def run(args) -> int:
     from ablate.commands.reproduce import quick_workers
-    from ablate.grid_runner import GridRunOptions
-    from ablate.grids import REFUSE_IMPORTS, RUN_IMPORTS, parse_overrides
-    from ablate.ladder import parse_widths
+    from ablate.grid.runner import GridRunOptions
+    from ablate.grid.spec import REFUSE_IMPORTS, RUN_IMPORTS, parse_overrides
+    from ablate.ladder_rungs import parse_widths
 
     if args.backtest and getattr(args, "no_wait", False):
         raise ConfigError("--backtest scores a finished ladder and --no-wait leaves its rungs unfinished; valid: "
@@ -397,7 +397,7 @@ def run(args) -> int:
 def _held_out_width(widths: list[int], full: bool) -> int:
     """The backtest's held-out rung: twice the widest fitted width, above every rung it is
     predicted from (and above the claims' own width, where their grids were developed)."""
-    from ablate.ladder import CPU_WIDTHS, rungs_for
+    from ablate.ladder_rungs import CPU_WIDTHS, rungs_for
 
     if full:
         raise ConfigError("--backtest with --full: the GPU ladder's 3 rungs leave none to hold out above 3 fitted "
@@ -409,7 +409,7 @@ def _held_out_width(widths: list[int], full: bool) -> int:
 def _backtest_identity(plan: LadderPlan, widths: list[int], held_out: int) -> dict:
     """The plan the predictions are made under; a ladder frozen under another is refused now."""
     from ablate.analysis.backtest import check_plan
-    from ablate.ladder import plan_identity
+    from ablate.ladder_rungs import plan_identity
 
     identity = plan_identity(plan.claim, plan.source, plan.scale, plan.overrides, widths, held_out)
     started = any((plan.out / identity["held_out"]).glob(f"*/{SUMMARY}"))
@@ -432,7 +432,7 @@ def _refused():
 def _freezer(plan: LadderPlan, identity: dict):
     """The hook that freezes the plan and its predictions just before the held-out rung trains."""
     from ablate.analysis.backtest import PLAN_JSON, freeze_plan, sha256_file
-    from ablate.analysis.ladder import load_ladder
+    from ablate.analysis.ladder_report import load_ladder
 
     def before(rung, grid, size: int) -> None:
         if rung.name == identity["held_out"]:

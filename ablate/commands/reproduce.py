@@ -6,9 +6,9 @@ verdict engine (ablate/analysis/claims.py) evaluates every claim. `--quick` (the
 the grid's CPU scale, `--full` its [scales.gpu]. Output: runs/claims/NAME[-full]/ (report.md
 with the verdict on top, plots/claim_NAME.png, verdict.json); `all` adds runs/claims/index.md.
 `--seeds N` runs a fixed design of N seeds instead of the grid's own (report in seeds-N/);
-`--decide` adds seeds in looks until each clause is decided (ablate/claim_looks.py; report in
-decide/). The cells are shared: ablate/claim_design.py says where each design's files go.
-Cells run on the grid machinery (ablate.grid_runner), on any of its backends.
+`--decide` adds seeds in looks until each clause is decided (ablate/claim/looks.py; report in
+decide/). The cells are shared: ablate/claim/design.py says where each design's files go.
+Cells run on the grid machinery (ablate.grid.runner), on any of its backends.
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ class Request:
 
     scale: str
     overrides: dict
-    options: object  # ablate.grid_runner.GridRunOptions
+    options: object  # ablate.grid.runner.GridRunOptions
     n_seeds: int | None = None  # --seeds N
     decide: bool = False
     budget: float | None = None  # seconds, with --decide
@@ -78,7 +78,7 @@ def claims_dir() -> Path:
 def shipped_claims() -> dict:
     """Claim name -> Claim, for every variants/claims/*.toml, sorted by name."""
     from ablate.analysis.claims import ClaimError, load_claim
-    from ablate.claim_grid import check_claim_against_its_grid
+    from ablate.claim.selectors import check_claim_against_its_grid
 
     out = {}
     for path in sorted(claims_dir().glob("*.toml")):
@@ -161,7 +161,7 @@ def _minutes(seconds: float) -> str:
 
 
 def list_claims() -> int:
-    from ablate.grids import load_grid
+    from ablate.grid.spec import load_grid
 
     from ablate.bench.estimate import machine_speed, threads_per_worker
 
@@ -192,9 +192,9 @@ def list_claims() -> int:
 
 def request_from(args) -> Request:
     """The Request of parsed arguments; every bad value refused here, before anything is read."""
-    from ablate.claim_design import check_seeds_override, parse_budget, parse_seeds
-    from ablate.grid_runner import GridRunOptions
-    from ablate.grids import parse_overrides
+    from ablate.claim.design import check_seeds_override, parse_budget, parse_seeds
+    from ablate.grid.runner import GridRunOptions
+    from ablate.grid.spec import parse_overrides
 
     n_seeds, budget = parse_seeds(args.seeds), parse_budget(args.budget)
     if budget is not None and not args.decide:
@@ -229,8 +229,8 @@ def default_cells(claim, scale: str, root: Path = DEFAULT_ROOT) -> Path:
 def plan_design(claim, cells: Path, req: Request):
     """The loaded grid of the design's first cells, refused before anything is written if it or
     --out is bad."""
-    from ablate.claim_design import design_grid
-    from ablate.grid_runner import check_grid
+    from ablate.claim.design import design_grid
+    from ablate.grid.runner import check_grid
 
     grid = design_grid(claim, req.scale, req.overrides, None if req.decide else req.n_seeds)
     check_grid(grid, cells)
@@ -309,12 +309,12 @@ def reproduce(claim, cells: Path, req: Request, grid=None):
     report and verdict. Returns (exit status, Verdict or None); with --decide, (exit status,
     the sequential Decision or None)."""
     if req.decide:
-        from ablate.claim_looks import run_decide
+        from ablate.claim.looks import run_decide
 
         return run_decide(claim, cells, req, grid)
     from ablate.analysis.claim_report import clause_line, write_claim_report
-    from ablate.claim_design import design_out
-    from ablate.grid_runner import run_grid
+    from ablate.claim.design import design_out
+    from ablate.grid.runner import run_grid
 
     grid = grid or plan_design(claim, cells, req)
     out = design_out(cells, req.n_seeds, decide=False)
@@ -330,7 +330,7 @@ def reproduce(claim, cells: Path, req: Request, grid=None):
     if status == 2:
         return status, None
     out.mkdir(parents=True, exist_ok=True)
-    from ablate.claim_design import own_seeds
+    from ablate.claim.design import own_seeds
 
     report, verdict = write_claim_report(claim, out, cells=cells if out != cells else None, seeds=own_seeds(grid))
     print(f"{claim.name}: {verdict.text()} ({time.time() - t0:.0f} s); report: {report}", flush=True)
@@ -343,7 +343,7 @@ def reproduce(claim, cells: Path, req: Request, grid=None):
 
 def run_all(root: Path | None, req: Request) -> int:
     from ablate.analysis.claim_report import write_index
-    from ablate.claim_design import design_out
+    from ablate.claim.design import design_out
 
     claims = shipped_claims()
     root = root or DEFAULT_ROOT
@@ -358,7 +358,7 @@ def run_all(root: Path | None, req: Request) -> int:
         return worst
     suffix = "" if req.scale == "cpu" else "-full"
     if req.decide:
-        from ablate.claim_looks import write_decision_index
+        from ablate.claim.looks import write_decision_index
 
         index = write_decision_index(entries, root / f"index{suffix}-decide.md")
     else:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ablate.config import EXECUTION, EXPERIMENT, OBSERVATION, OPTION_NAMES, OPTIONS, TRAIN_ID_OPTIONS
 from ablate.errors import ConfigError
-from ablate.grids import parse_overrides
+from ablate.grid.spec import parse_overrides
 from ablate.rundir import COMPLETED, FAILED
 from ablate.variants import AXES
 

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from ablate import grid_state
+from ablate.grid import state as grid_state
 from ablate.backends import BACKENDS, backend_class
 from ablate.backends.base import CellFn, RunResult
 from ablate.cell import CellResources
@@ -74,7 +74,7 @@ class GridRunOptions:
 
 
 def default_out(grid) -> Path:
-    from ablate.grids import DEFAULT_SCALE
+    from ablate.grid.spec import DEFAULT_SCALE
 
     return Path("runs") / (grid.name if grid.scale == DEFAULT_SCALE else f"{grid.name}-{grid.scale}")
 
@@ -109,7 +109,7 @@ def run_grid(grid, out: Path | None = None, options: GridRunOptions | None = Non
     """Expand (a grid name or TOML path; or take a loaded Grid) and run a grid into `out`
     (default runs/NAME[-SCALE]); returns the exit status; ConfigError for invalid input.
     `cell_fn` replaces run_cell (tests)."""
-    from ablate.grids import Grid, load_grid
+    from ablate.grid.spec import Grid, load_grid
 
     if not isinstance(grid, Grid):
         grid = load_grid(grid, scale, overrides)

@@ -72,7 +72,7 @@ def seed_sequence(own: list[int], n: int) -> list[int]:
 def design_grid(claim, scale: str, overrides: dict, n_seeds: int | None = None, seeds: list[int] | None = None):
     """The claim's grid at `scale` with every setting at `n_seeds` seeds (seed_sequence), or at
     the given `seeds`; the grid's own seeds when neither is given."""
-    from ablate.grids import load_grid
+    from ablate.grid.spec import load_grid
 
     if n_seeds is None and seeds is None:
         return load_grid(claim.grid, scale, overrides)

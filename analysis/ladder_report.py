@@ -243,7 +243,7 @@ def write_ladder_report(claim, out: Path) -> dict:
 def ladder_markdown(summary: dict, plots: dict) -> str:
     lines = [f"# Ladder: {summary['claim']}", "", f"> {summary['statement']}", "",
              "Rungs: the width at the claim's depth; every learning rate x (the grid's width / the rung's), and "
-             "moved a step of the sweep where the rung below's best rate sat at an end of it (ablate/ladder.py):", "",
+             "moved a step of the sweep where the rung below's best rate sat at an end of it (ablate/ladder_rungs.py):", "",
              "| rung | non-embedding params | lr factor | sweep moved | verdict |", "|---|---:|---:|---|---|"]
     ref = summary.get("ref_width")
     for r in summary["rungs"]:

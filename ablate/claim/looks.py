@@ -112,7 +112,7 @@ def design_key(claim, req) -> dict:
 def next_look(claim, req, first, decision) -> tuple:
     """(grid, cell ids) of the cells `decision.next_cells` names, the grid loaded at the seeds
     those name (its own seeds too, so its cells keep the ids they have)."""
-    from ablate.claim_design import design_grid, own_seeds, selected_ids
+    from ablate.claim.design import design_grid, own_seeds, selected_ids
 
     named = {int(s) for sel in decision.next_cells
              for s in (sel.get("seed") if isinstance(sel.get("seed"), list) else [sel.get("seed", 0)])}
@@ -124,9 +124,9 @@ def run_look(claim, cells: Path, req, grid, ids: list[str], index: int, log: Loo
              out: Path) -> tuple[int | None, str]:
     """Run look `index` (the cells `ids` of `grid`). Returns (grid exit status, or None when
     nothing was run; why the looks stop here, or "")."""
-    from ablate.claim_design import subset
+    from ablate.claim.design import subset
     from ablate.commands.reproduce import look_seconds
-    from ablate.grid_runner import run_grid
+    from ablate.grid.runner import run_grid
 
     todo = unfinished(cells, ids)
     if not todo:
@@ -155,7 +155,7 @@ def run_decide(claim, cells: Path, req, grid=None, decide_fn=None, report_fn=Non
     left, the budget is spent or a look's cells could not finish; then write OUT/decide/.
     `decide_fn`, `report_fn`: analysis.sequential.decide_claim and
     claim_report.write_decision_report unless given (tests). Returns (exit status, Decision)."""
-    from ablate.claim_design import DECIDE_DIR
+    from ablate.claim.design import DECIDE_DIR
     from ablate.commands.reproduce import plan_design, print_plan
 
     decide_fn = decide_fn or _shipped_decide()

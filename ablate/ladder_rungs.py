@@ -1,7 +1,7 @@
 """A ladder of model sizes for one claim (or a two-arm grid): each rung is the claim's own grid
 at another width, as an ordinary grid run in its own folder (resumable, deduplicated, on any
 backend). `ablate ladder` (ablate/commands/ladder.py) runs the rungs in order and hands the
-folders to analysis/ladder.py for the effects across sizes.
+folders to analysis/ladder_report.py for the effects across sizes.
 
 What scales: the width (d_model) at the claim's depth, with the head dimension fixed (heads
 grow with the width, as in GPT-2's family). Depth stays the claim's because several claims are
@@ -211,7 +211,7 @@ def rung_grid_text(data: dict, rung: Rung, source: Path) -> str:
     rung_data = scaled(without_own_widths(data), rung.rates)
     rung_data["name"] = f"{data.get('name', source.stem)}-{rung.name}"
     header = (f"Rung {rung.name} of a ladder over {source}: every learning rate x {rung.rate_factor:.4g} "
-              f"(ablate/ladder.py's transfer rule); set in every cell: {rung.options or 'nothing'}.\n"
+              f"(ablate/ladder_rungs.py's transfer rule); set in every cell: {rung.options or 'nothing'}.\n"
               "Written by `ablate ladder`; do not edit.")
     return toml_text(rung_data, header)
 

@@ -23,7 +23,7 @@ def check_claim_against_its_grid(claim, where: str) -> None:
     from ablate.analysis.selection import SelectionError, select
     from ablate.commands.reproduce import grid_cells
     from ablate.errors import ConfigError
-    from ablate.grids import find_grid, load_grid, shipped_grids
+    from ablate.grid.spec import find_grid, load_grid, shipped_grids
 
     try:
         path = find_grid(claim.grid)
