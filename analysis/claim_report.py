@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ablate.analysis.claim_checks import CLAUSE_LETTERS as LETTERS  # a claim has at most these clauses
 from ablate.analysis.claims import Claim
+from ablate.analysis.decide import SPREAD_UPPER_LEVEL
 from ablate.analysis.outcomes import SCORING_RULE
 from ablate.analysis.safe_files import replace_atomic
 from ablate.analysis.verdict import (CANNOT_TELL, CORRECTION, ClauseResult, Result, Verdict, evaluate,
@@ -67,10 +68,14 @@ def _excluded(r: Result) -> str:
     if r.kind == "binary" and t.detail:
         parts.append(t.detail)
     if r.seeds_needed is not None and r.kind == "binary":
-        parts.append(f"a sign test needs at least {r.seeds_needed} seeds, every one the claimed way")
+        parts.append(f"a sign test needs at least {r.seeds_needed} seeds, every one the claimed way, at Holm's "
+                     "first step (fewer once the other clauses are decided)")
     elif r.seeds_needed is not None:
+        upper = (f", {r.seeds_needed_upper} at its {SPREAD_UPPER_LEVEL:.0%} upper confidence bound"
+                 if r.seeds_needed_upper not in (None, r.seeds_needed) else "")
         parts.append(f"about {r.seeds_needed} seeds would resolve the smallest effect of interest "
-                     f"({r.compare.effect:g} {r.unit}; one-sided, spread pooled over {r.spread[1]} degrees of freedom)")
+                     f"({r.compare.effect:g} {r.unit}; one-sided at Holm's first step, from the spread pooled over "
+                     f"{r.spread[1]} degrees of freedom{upper})")
     elif r.compare.effect and r.kind == "t":
         parts.append(f"no estimate of the seeds that would resolve {r.compare.effect:g} {r.unit} (no spread observed)")
     return "; ".join(parts)
@@ -178,7 +183,7 @@ def as_dict(verdict: Verdict) -> dict:
                 "figure": figure(r), "sentence": sentence(r), "test": t.name if t else None,
                 "estimate": t.estimate if t else None, "interval": [t.interval.low, t.interval.high] if t and t.interval
                 else None, "p_value": t.p_value if t else None, "diff": r.diff, "mean_a": r.mean_a, "mean_b": r.mean_b,
-                "unit": r.unit, "n_pairs": r.n_pairs, "seeds": list(r.seeds), "seeds_needed": r.seeds_needed,
+                "unit": r.unit, "n_pairs": r.n_pairs, "seeds": list(r.seeds), "seeds_needed": r.seeds_needed, "seeds_needed_upper": r.seeds_needed_upper,
                 "n_seeds": r.n_seeds, "per_seed": list(r.seed_values), "test_unit": "seed",
                 "p_beyond": t.p_beyond if t else None, "p_futile": t.p_futile if t else None,
                 "effect": r.compare.effect, "best_lr": {s: [[w, lr, e] for w, lr, e in p] for s, p in r.best.items()},

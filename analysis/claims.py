@@ -83,8 +83,10 @@ The rules (analysis/decide.py and analysis/sequential.py apply them):
               power 0.8 at alpha / (number of clauses), Holm's first step, from the spread of a - b
               pooled across the comparison's design points (each rate's differences over seeds:
               many more degrees of freedom than three seeds' means, and an upper bound on their
-              spread); for a sign test, the fewest seeds at which it can decide at all; none for an
-              exact count.
+              spread), and again at that spread's one-sided 80% upper confidence bound (chi-square
+              on its degrees of freedom), as a few degrees of freedom can read a spread well under
+              the truth; for a sign test, the fewest seeds at which it can decide at Holm's first
+              step (the load-time note gives it at the full level too); none for an exact count.
 """
 from __future__ import annotations
 
@@ -328,8 +330,11 @@ def seed_floor_notes(claim: Claim, cells: pd.DataFrame) -> list[str]:
             need = sign_test_min_seeds(claim.alpha) if kind == "binary" else 2
             if have < need:
                 fresh = " fresh" if c.best_lr else ""
+                first = sign_test_min_seeds(claim.alpha / len(claim.clauses)) if kind == "binary" else need
+                holm = (f" ({first} at Holm's first step, one-sided {claim.alpha:g} / {len(claim.clauses)} clauses)"
+                        if first != need else "")
                 notes.append(f"clause ({'abcdefghijklmnopqrstuvwxyz'[i]}) {clause.label!r}: cannot decide with {have}"
-                             f"{fresh} seed{'s' if have != 1 else ''}; needs at least {need}")
+                             f"{fresh} seed{'s' if have != 1 else ''}; needs at least {need}{holm}")
                 break
     return notes
 

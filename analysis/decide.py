@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import special
+from scipy import stats as scipy_stats
 
 from ablate.analysis.stats import DEFAULT_POWER, ONE_SIDED_ALPHA, Interval, one_sided_seeds_for_power
 
@@ -194,6 +195,17 @@ def pooled_sd(differences_by_design: list[np.ndarray]) -> tuple[float, int] | No
             ss += float(((d - d.mean()) ** 2).sum())
             df += d.size - 1
     return (math.sqrt(ss / df), df) if df and ss > 0 else None
+
+
+# "About N seeds" is also given at this one-sided upper confidence bound of the pooled spread: a
+# spread read off few degrees of freedom may be well under the truth, so N alone can promise too few.
+SPREAD_UPPER_LEVEL = 0.8
+
+
+def sd_upper_bound(sd: float, df: int, level: float = SPREAD_UPPER_LEVEL) -> float:
+    """The one-sided `level` upper confidence bound of a normal population's standard deviation
+    from a sample one on `df` degrees of freedom: sd * sqrt(df / chi2_{1 - level}(df))."""
+    return sd * math.sqrt(df / scipy_stats.chi2.ppf(1.0 - level, df))
 
 
 def t_seeds_for(effect: float, sd: float, level: float, power: float = DEFAULT_POWER) -> int | None:

@@ -69,6 +69,7 @@ class Result:
     best: dict = field(default_factory=dict)  # side -> [(what, best lr, at the edge)]
     missing: dict = field(default_factory=dict)  # side -> {key: reason}
     seeds_needed: int | None = None  # to resolve the declared smallest effect
+    seeds_needed_upper: int | None = None  # the same at the spread's upper confidence bound
     note: str = ""  # why there is no test
     seed_ids: tuple = ()  # the test's units: seeds, in order
     seed_values: tuple = ()  # each seed's value of a - b (its cells' mean)
@@ -261,7 +262,8 @@ def _undecided_why(c: ClauseResult) -> str:
     floor = [r for r in c.results if r.kind == "binary" and r.keys and r.n_seeds < decide.sign_test_min_seeds(level)]
     if floor:
         notes.insert(0, f"cannot decide with {floor[0].n_seeds} seeds; needs at least "
-                        f"{decide.sign_test_min_seeds(level)} (a sign test's smallest p at n seeds is 1/2^n)")
+                        f"{decide.sign_test_min_seeds(level)} at its level {level:.3g} (a sign test's smallest p "
+                        f"at n seeds is 1/2^n)")
     return "; ".join(notes) if notes else "neither shown nor excluded at the seeds it has"
 
 
@@ -307,7 +309,8 @@ def compare(ctx: Context, c: Compare, alpha: float, alpha_power: float) -> Resul
     note = "; ".join(x for x in ("" if test is not None else "the seeds' values do not vary: no test",
                                  "the seeds' values do not vary: the exact sign test reads them" if no_spread else "",
                                  _nonfinite_note(ctx, m, sides)) if x)
-    return _replace(result, test=test, seeds_needed=seeds_needed(result, alpha_power), note=note)
+    return _replace(result, test=test, seeds_needed=seeds_needed(result, alpha_power),
+                    seeds_needed_upper=seeds_needed(result, alpha_power, upper=True), note=note)
 
 
 def run_test(r: Result, level: float, n: int | None = None) -> decide.Test | None:
@@ -337,18 +340,20 @@ def _by_design(keys, a, b) -> list:
     return [np.asarray(v) for v in groups.values()]
 
 
-def seeds_needed(r: Result, level: float) -> int | None:
+def seeds_needed(r: Result, level: float, upper: bool = False) -> int | None:
     """About how many seeds would resolve the clause's smallest effect of interest: for a t
-    test, one-sided power 0.8 at `level` from the spread pooled across comparable cells; for a
-    sign test, the fewest seeds at which it can reach `level` at all; none for an exact count."""
+    test, one-sided power 0.8 at `level` from the spread pooled across comparable cells (with
+    `upper`, from that spread's upper confidence bound, decide.SPREAD_UPPER_LEVEL); for a sign
+    test, the fewest seeds at which it can reach `level` at all; none for an exact count."""
     c = r.compare
     if r.kind == "exact" or not c.effect:
         return None
     if r.kind == "binary":
-        return decide.sign_test_min_seeds(level)
+        return None if upper else decide.sign_test_min_seeds(level)
     if r.spread is None:
         return None
-    n = decide.t_seeds_for(c.effect, r.spread[0], level)
+    sd = decide.sd_upper_bound(*r.spread) if upper else r.spread[0]
+    n = decide.t_seeds_for(c.effect, sd, level)
     return None if n is None else max(2, n)
 
 
