@@ -208,16 +208,16 @@ def test_lockstep_partners_step_once_after_each_harness_step_outside_its_logged_
 
 
 def test_the_breakdown_buckets_ops_by_name_and_holds_the_matmuls_against_the_peak():
-    from ablate.bench.harness import REST, Breakdown, category
+    from ablate.bench.harness import REST, category, describe_breakdown
 
     assert [category(op) for op in ("aten::mm", "aten::addmm", "aten::_scaled_dot_product_flash_attention_for_cpu",
                                      "_CausalAttention", "_CausalAttentionBackward",  # the CPU kernel's
                                      "aten::native_layer_norm_backward", "aten::_fused_adamw_",
                                      "Optimizer.step#AdamW.step", "aten::gelu", "aten::mm_backward_hint")] == \
         ["matmul", "matmul", "attention", "attention", "attention", "norms", "optimizer", "optimizer", REST, REST]
-    b = Breakdown(steps=2, seconds={"matmul": 1.0, "attention": 0.5, "norms": 0.0, "optimizer": 0.0, REST: 0.5},
-                  matmul_flops=30e9, peak=60e9)
-    assert "matmul 50%, attention 25%" in b.describe() and "ran at 50% of the step-mix peak" in b.describe()
+    line = describe_breakdown(2, {"matmul": 1.0, "attention": 0.5, "norms": 0.0, "optimizer": 0.0, REST: 0.5},
+                              matmul_flops=30e9, peak=60e9)
+    assert "matmul 50%, attention 25%" in line and "ran at 50% of the step-mix peak" in line
 
 
 def test_a_cpu_profile_drops_kinetos_usdt_lines_and_passes_on_the_rest_of_stderr(capfd):

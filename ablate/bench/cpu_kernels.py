@@ -33,54 +33,40 @@ def _table(title: str, impls: dict[str, tuple], rounds: int, calls: int) -> str:
                         for (name, kind), values in samples.items())])
 
 
-def _gelu_form(cpu_gelu, name: str, x, dy) -> tuple:
-    def fwd():
-        with cpu_gelu.using(name):
-            return cpu_gelu.gelu(x)
-
-    def bwd():  # the backward kernel alone, as torch's gelu_backward is timed
-        with cpu_gelu.using(name):
-            cpu_gelu._call("bwd", x, dy, torch.empty_like(x))
-
-    return fwd, bwd
-
-
-def _gelu_with_bias(cpu_gelu, fused: bool, x, dy) -> tuple:
-    """gelu(x + b) and its backward with the bias's gradient: one kernel, or the GELU kernel and torch."""
-    b, db = torch.randn(x.shape[-1]), torch.empty(x.shape[-1])
-
-    def fwd():
-        with cpu_gelu.using("poly-bias"):
-            if not fused:
-                return cpu_gelu.gelu(x + b)
-            cpu_gelu._bias_fwd(x, b, torch.empty_like(x))
-
-    def bwd():
-        dx = torch.empty_like(x)
-        with cpu_gelu.using("poly-bias"):
-            if fused:
-                return cpu_gelu._bias_bwd(x, b, dy, dx, db)
-            cpu_gelu._call("bwd", x + b, dy, dx)
-            return dx.view(-1, x.shape[-1]).sum(0)
-
-    return fwd, bwd
-
-
 def gelu(shape: tuple[int, ...] = GELU_SHAPE, rounds: int = ROUNDS, calls: int = CALLS) -> str:
-    """Every GELU form this machine computes (ablate/kernels/cpu_gelu.py) and torch's erf and tanh GELUs."""
+    """Every GELU form this machine computes (ablate/kernels/cpu_gelu.py) and torch's erf and tanh GELUs;
+    a form's backward is its kernel alone, as torch's gelu_backward is timed."""
     from ablate.kernels import cpu_gelu
 
     torch.manual_seed(0)
     x, dy = torch.randn(shape) * 3, torch.randn(shape)
-    forms = [f for f in cpu_gelu.available() if f != cpu_gelu.PASSES]
-    impls = {f: _gelu_with_bias(cpu_gelu, True, x, dy) if f in cpu_gelu.BIAS_FORMS else _gelu_form(cpu_gelu, f, x, dy)
-             for f in forms}
-    if set(forms) & set(cpu_gelu.BIAS_FORMS):
-        impls["poly + bias"] = _gelu_with_bias(cpu_gelu, False, x, dy)
+    b, db = torch.randn(shape[-1]), torch.empty(shape[-1])
+
+    def using(form: str, fn):
+        def run():
+            with cpu_gelu.using(form):
+                return fn()
+        return run
+
+    def unfused_bwd():  # the GELU kernel's backward at h + b, and torch's sum for the bias's gradient
+        dx = torch.empty_like(x)
+        cpu_gelu._call("bwd", x + b, dy, dx)
+        return dx.view(-1, x.shape[-1]).sum(0)
+
+    impls = {}
+    for form in (f for f in cpu_gelu.available() if f != cpu_gelu.PASSES):
+        if form in cpu_gelu.BIAS_FORMS:
+            impls[form] = (using(form, lambda: cpu_gelu._bias_fwd(x, b, torch.empty_like(x))),
+                           using(form, lambda: cpu_gelu._bias_bwd(x, b, dy, torch.empty_like(x), db)))
+            impls["poly + bias"] = using(form, lambda: cpu_gelu.gelu(x + b)), using(form, unfused_bwd)
+        else:
+            impls[form] = (using(form, lambda: cpu_gelu.gelu(x)),
+                           using(form, lambda: cpu_gelu._call("bwd", x, dy, torch.empty_like(x))))
     for name, approximate in (("torch erf", "none"), ("torch tanh", "tanh")):
         impls[name] = ((lambda a=approximate: F.gelu(x, approximate=a)),
                        (lambda a=approximate: torch.ops.aten.gelu_backward(dy, x, approximate=a)))
-    return _table(f"CPU tanh-GELU forms and torch's GELUs on {' x '.join(map(str, shape))} float32", impls, rounds, calls)
+    title = f"CPU tanh-GELU forms and torch's GELUs on {' x '.join(map(str, shape))} float32"
+    return _table(title, impls, rounds, calls)
 
 
 def attention(shape: tuple[int, ...] = ATTENTION_SHAPE, rounds: int = ROUNDS, calls: int = CALLS) -> str:
@@ -136,8 +122,9 @@ def mlp(size: str, blocks: int | None, steps: int, rounds: int) -> tuple[str, bo
                 "in place: nothing to compare"), True
     with threads(1):
         plan = plan_cell(harness_options(size, blocks, steps, False, 1))
-        ratios, differing = rounds_in_turn(plan, lambda: [build_copy(plan, CpuBackend()), build_copy(plan, TwoLayers())],
-                                           rounds)
+        ratios, differing = rounds_in_turn(
+            plan, lambda: [build_copy(plan, CpuBackend()), build_copy(plan, TwoLayers())], rounds)
     return (f"the dense MLP in place against its two layers in turn, {size} x {plan.size.n_layer} blocks, {steps} "
             f"steps a round, 1 thread: two layers' time / in place's {spread(ratios)} over {rounds} rounds "
-            f"(median [range]){'; THE LOSSES DIFFER: they should be the same bits' if differing else ''}"), not differing
+            f"(median [range]){'; THE LOSSES DIFFER: they should be the same bits' if differing else ''}"), \
+        not differing

@@ -55,7 +55,8 @@ class Speed:
 
     def describe(self) -> str:
         return (f"estimated from {self.source()}, at {self.threads} thread{'s' if self.threads != 1 else ''}: "
-                f"a step at {self.factor:.2f} x ({BLOCK_S * 1e3:.2f} ms a block + FLOPs at {FLOPS_PER_S / 1e9:.1f} GFLOP/s)")
+                f"a step at {self.factor:.2f} x ({BLOCK_S * 1e3:.2f} ms a block + FLOPs at "
+                f"{FLOPS_PER_S / 1e9:.1f} GFLOP/s)")
 
     def span(self, seconds: float) -> str:
         """' (LOW-HIGH min at its fastest and slowest round)'; '' for the yardstick."""

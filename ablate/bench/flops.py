@@ -108,4 +108,4 @@ def report(sizes: dict[str, ModelSize], before: dict[str, Peak], speeds: dict[st
             layer, kind = m.name.rsplit(" ", 1)
             by_layer.setdefault(layer, []).append(f"{kind} {m.m}x{m.k}x{m.n} {f / 1e9:.1f}")
         yield "  matmul GFLOP/s: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in by_layer.items())
-        yield "  " + step_breakdown(size, peak, threads).describe()
+        yield "  " + step_breakdown(size, peak, threads)

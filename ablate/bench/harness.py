@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -28,7 +27,8 @@ def startup_cost() -> str:
     the build + data + first step (what a grid worker pays a cell)."""
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        cold = process_seconds([sys.executable, "-m", "ablate", "train", "--steps", "1", "--quiet", "--out", str(tmp / "c")], tmp)
+        cold = process_seconds([sys.executable, "-m", "ablate", "train", "--steps", "1", "--quiet", "--out",
+                                str(tmp / "c")], tmp)
         imports = process_seconds([sys.executable, "-c", "import ablate.train"], tmp)
         warm = once(lambda: train(Cell.from_options({"model": "tiny", "steps": 1, "batch_size": BATCH}), tmp / "warm"))
     return (f"start-up per cell: cold process (start + import + build + data + 1 step) {cold:.2f}s; "
@@ -106,23 +106,17 @@ def category(op: str) -> str:
     return REST
 
 
-@dataclass
-class Breakdown:
-    steps: int
-    seconds: dict[str, float]  # self CPU seconds per category, REST included
-    matmul_flops: float  # the dense matmul FLOPs of those steps
-    peak: float  # the step-mix peak FLOP/s they are held against
-
-    def describe(self) -> str:
-        total = sum(self.seconds.values())
-        share = ", ".join(f"{name} {sec / total:.0%}" for name, sec in self.seconds.items())
-        rate = self.matmul_flops / self.seconds["matmul"] / self.peak
-        return (f"where a harness step goes (torch.profiler, self CPU time, {self.steps} steps, probes on): {share}; "
-                f"the matmuls ran at {rate:.0%} of the step-mix peak, so with every other op free a step "
-                f"would reach about {rate:.0%}")
+def describe_breakdown(steps: int, seconds: dict[str, float], matmul_flops: float, peak: float) -> str:
+    """`seconds`: self CPU seconds per category, REST included; `matmul_flops`: the dense matmul
+    FLOPs of those steps; `peak`: the step-mix FLOP/s they are held against."""
+    share = ", ".join(f"{name} {sec / sum(seconds.values()):.0%}" for name, sec in seconds.items())
+    rate = matmul_flops / seconds["matmul"] / peak
+    return (f"where a harness step goes (torch.profiler, self CPU time, {steps} steps, probes on): {share}; "
+            f"the matmuls ran at {rate:.0%} of the step-mix peak, so with every other op free a step "
+            f"would reach about {rate:.0%}")
 
 
-def step_breakdown(size, peak, threads: int, steps: int = 12) -> Breakdown:
+def step_breakdown(size, peak, threads: int, steps: int = 12) -> str:
     """A profiled harness run of the default block, probes on, its ops' self CPU time by
     CATEGORIES, its matmuls' rate held against `peak` (flops.Peak). The model build and the one
     final validation batch are in it too (a few percent at most)."""
@@ -131,7 +125,7 @@ def step_breakdown(size, peak, threads: int, steps: int = 12) -> Breakdown:
     for event in prof.key_averages():
         seconds[category(event.key)] += event.self_cpu_time_total / 1e6
     flops = steps * sum(m.flops * m.count for m in step_matmuls(size, BATCH * size.context))
-    return Breakdown(steps, seconds, flops, peak.step_mix)
+    return describe_breakdown(steps, seconds, flops, peak.step_mix)
 
 
 def gpu_figures(steps: int = 30, batch: int = 8):
@@ -144,7 +138,8 @@ def gpu_figures(steps: int = 30, batch: int = 8):
     size, n = get_size("andrea-120m"), 4096
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     peak = 2 * n**3 / min(time_calls(lambda: a @ a, repeats=3, calls=20, clock=cuda_events()))
-    yield f"andrea-120m, {steps} steps of batch {batch}; MFU against a bfloat16 {n}^3 matmul at {peak / 1e12:.0f} TFLOP/s"
+    yield (f"andrea-120m, {steps} steps of batch {batch}; MFU against a bfloat16 {n}^3 matmul at "
+           f"{peak / 1e12:.0f} TFLOP/s")
     yield header("kernels", "compile", "tokens/s", "MFU", "peak memory GiB")
     for kernels in (k for k in BACKENDS if k != "cpu"):  # the GPU backends and reference
         for compiled in (False, True):
@@ -153,7 +148,8 @@ def gpu_figures(steps: int = 30, batch: int = 8):
             try:
                 torch.cuda.reset_peak_memory_stats()
                 with tempfile.TemporaryDirectory() as tmp:
-                    tok_s = steps * batch * size.context / train(Cell.from_options(options), Path(tmp) / "g")["wall_time_s"]
+                    seconds = train(Cell.from_options(options), Path(tmp) / "g")["wall_time_s"]
+                tok_s = steps * batch * size.context / seconds
                 yield row(kernels, compiled, f"{tok_s:,.0f}", f"{flops_per_token(size) * tok_s / peak:.1%}",
                           f"{torch.cuda.max_memory_allocated() / 2**30:.1f}")
             except Exception as e:  # noqa: BLE001  (report a backend that cannot run, keep going)

@@ -100,30 +100,21 @@ class Result:
         return (fwd / self.fwd_s if which == "fwd" else (fwd + bwd) / self.fwdbwd_s) / 1e9
 
 
-def _implementations(backends: dict, use_compile: bool):
-    ref = ReferenceBackend()
-    impls = [("eager", ref, False)]
-    if use_compile:
-        impls.append(("compile", ref, True))
-    impls += [(name, be, False) for name, be in backends.items() if not isinstance(be, str)]
-    return impls
-
-
-def run_bench(cases: list[BenchCase], backends: dict, device, use_compile: bool = True,
-              repeats: int = 20, progress=None) -> list[Result]:
+def run_bench(cases: list[BenchCase], backends: dict, device, use_compile: bool = True, repeats: int = 20,
+              progress=lambda case_results: None) -> None:
     """Time every implementation on every case; progress(case_results) after each case."""
-    time_call = timer(device, repeats)
-    results = []
+    time_call, ref = timer(device, repeats), ReferenceBackend()
+    impls = [("eager", ref, False), *([("compile", ref, True)] if use_compile else []),
+             *((name, be, False) for name, be in backends.items() if not isinstance(be, str))]
     for case in cases:
         leaves, fn, grads = _inputs(case, device)
         case_results = []
-        for name, be, compiled in _implementations(backends, use_compile):
+        for name, be, compiled in impls:
             r = Result(case, name)
             try:
                 if compiled:
                     torch._dynamo.reset()
-                    fwd_fn = torch.compile(lambda *ls: fn(be, *ls), dynamic=False)
-                    train_fn = torch.compile(lambda *ls: fn(be, *ls), dynamic=False)
+                    fwd_fn, train_fn = (torch.compile(lambda *ls: fn(be, *ls), dynamic=False) for _ in range(2))
                 else:
                     fwd_fn = train_fn = (lambda *ls, be=be: fn(be, *ls))
 
@@ -131,19 +122,13 @@ def run_bench(cases: list[BenchCase], backends: dict, device, use_compile: bool 
                     with torch.no_grad():
                         return fwd_fn(*leaves)
 
-                def fwdbwd():
-                    return torch.autograd.grad(train_fn(*leaves), leaves, grads)
-
                 r.fwd_s = time_call(fwd)
-                r.fwdbwd_s = time_call(fwdbwd)
+                r.fwdbwd_s = time_call(lambda: torch.autograd.grad(train_fn(*leaves), leaves, grads))
             except Exception as e:
                 r.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             case_results.append(r)
-        results += case_results
         del leaves, grads
-        if progress:
-            progress(case_results)
-    return results
+        progress(case_results)
 
 
 def quick_time(backend, device, rows: int = 4096, repeats: int = 10) -> float:
@@ -151,7 +136,8 @@ def quick_time(backend, device, rows: int = 4096, repeats: int = 10) -> float:
     time_call = timer(device, repeats, warmup=2)
     total = 0.0
     for case in (BenchCase("layer_norm", rows, 768, torch.float32), BenchCase("add_layer_norm", rows, 768, torch.float32),
-                 BenchCase("act:gelu", rows, 3072, torch.bfloat16), BenchCase("gated:silu", rows, 2048, torch.bfloat16)):
+                 BenchCase("act:gelu", rows, 3072, torch.bfloat16),
+                 BenchCase("gated:silu", rows, 2048, torch.bfloat16)):
         leaves, fn, grads = _inputs(case, device)
         total += time_call(lambda: torch.autograd.grad(fn(backend, *leaves), leaves, grads))
     return total
@@ -167,23 +153,19 @@ def format_header(copy_bw: float) -> str:
 
 def format_case(rs: list[Result], copy_bw: float) -> str:
     """The lines of one case: one per implementation; speed-ups are forward + backward."""
+    base = {r.impl: r for r in rs if not r.error}
     lines = []
-    base = {r.impl: r for r in rs}
-    eager, comp = base.get("eager"), base.get("compile")
     for r in rs:
-        case = r.case
         if r.error:
-            lines.append(f"{case.label:<34}{r.impl:<9}error: {r.error}")
+            lines.append(f"{r.case.label:<34}{r.impl:<9}error: {r.error}")
             continue
         fg, tg = r.gbps("fwd"), r.gbps("fwdbwd")
-        vs_e = eager.fwdbwd_s / r.fwdbwd_s if eager and not eager.error else math.nan
-        vs_c = comp.fwdbwd_s / r.fwdbwd_s if comp and not comp.error else math.nan
+        vs_e, vs_c = (base[b].fwdbwd_s / r.fwdbwd_s if b in base else math.nan for b in ("eager", "compile"))
         verdict = ""
         if r.impl not in ("eager", "compile"):
-            ok = (tg * 1e9 / copy_bw >= case.target and (math.isnan(vs_e) or vs_e >= 1.0)
-                  and (math.isnan(vs_c) or vs_c >= 1 / 1.1))
-            verdict = "met" if ok else "missed"
-        lines.append(f"{case.label:<34}{r.impl:<9}{r.fwd_s * 1e6:>9.1f}{fg:>8.0f}{fg * 1e9 / copy_bw:>7.0%}"
+            met = tg * 1e9 / copy_bw >= r.case.target and not vs_e < 1.0 and not vs_c < 1 / 1.1  # nan: not run
+            verdict = "met" if met else "missed"
+        lines.append(f"{r.case.label:<34}{r.impl:<9}{r.fwd_s * 1e6:>9.1f}{fg:>8.0f}{fg * 1e9 / copy_bw:>7.0%}"
                      f"{r.fwdbwd_s * 1e6:>10.1f}{tg:>8.0f}{tg * 1e9 / copy_bw:>7.0%}"
                      f"{_ratio(vs_e):>10}{_ratio(vs_c):>9}  {verdict}")
     return "\n".join(lines)

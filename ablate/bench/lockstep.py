@@ -52,7 +52,8 @@ def steps_in_turn(plan, copies: list[tuple], first: int, steps: int | None = Non
         for i in order:
             model, opt, probes = copies[i]
             before(i)
-            seconds[i].append(once(lambda: losses[i].append(train_step(plan, model, model, opt, probes, step, x, y)[0])))
+            seconds[i].append(once(lambda: losses[i].append(
+                train_step(plan, model, model, opt, probes, step, x, y)[0])))
         order.reverse()
     return seconds, losses
 

@@ -19,7 +19,8 @@ def add_arguments(p) -> None:
     p.add_argument("--repeats", type=int, default=5,
                    help="interleaved repeats of each comparison (default 5; the grid scaling run does at most 2)")
     p.add_argument("--models", default="tiny,small", help="sizes for the step comparison (default tiny,small)")
-    p.add_argument("--layers", type=int, help="depth of every size in the step comparison and profile (default: the size's)")
+    p.add_argument("--layers", type=int,
+                   help="depth of every size in the step comparison and profile (default: the size's)")
     p.add_argument("--threads", type=int, help="torch threads for the step comparison, the matmul peak and the "
                                                "profile (default: torch's, usually the cores)")
     p.add_argument("--probe-every", type=int, help="the harness's stability-probe interval in the step comparison "
@@ -39,7 +40,8 @@ def _checked(args) -> tuple[list[str], list[str], tuple[int, ...] | None]:
     from ablate.sizes import get_size
 
     if args.steps < SKIP + 3:
-        raise ConfigError(f"--steps {args.steps}: need at least {SKIP + 3} (the first {SKIP} steps of a run are not timed)")
+        raise ConfigError(f"--steps {args.steps}: need at least {SKIP + 3} (the first {SKIP} steps of a run are "
+                          "not timed)")
     for name in WHOLE_NUMBERS:
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} {getattr(args, name)}: need a whole number of at least 1")
