@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ablate.bench import flops
-from ablate.bench.grid_scaling import Scaling, describe
+from ablate.bench.grid_scaling import Scaling
 from ablate.bench.plain_gpt import PlainGPT, configure_optimizer, get_batch
 from ablate.kernels import cpu_attention
 from ablate.model import build_model
@@ -45,11 +45,7 @@ def harness_optimizer(model):
     from ablate.config import resolve
     from ablate.train import make_optimizer
 
-    cfg = resolve({"lr": 1e-3})
-    try:
-        return make_optimizer(model, cfg)
-    except TypeError:  # the signature before the optimizer registry: (model, cfg, device)
-        return make_optimizer(model, cfg, torch.device("cpu"))
+    return make_optimizer(model, resolve({"lr": 1e-3}))
 
 
 @pytest.mark.slow
@@ -61,7 +57,7 @@ def test_plain_loop_computes_the_harness_models_losses_step_after_step(gelu, act
     plain, harness = twin_models(size, gelu, act)
     assert sum(p.numel() for p in plain.parameters()) == sum(p.numel() for p in harness.parameters())
     # The plain loop's AdamW settings (weight decay 0.1, betas 0.9/0.95) are the harness's defaults.
-    opts = [configure_optimizer(plain, 1e-3, 0.1, (0.9, 0.95)), harness_optimizer(harness)]
+    opts = [configure_optimizer(plain, 1e-3), harness_optimizer(harness)]
     tokens = np.random.default_rng(0).integers(0, size.vocab_size, 5000).astype(np.uint16)  # a token file's dtype
     torch.manual_seed(1)
     # The harness's attention as torch computes it (the `sdpa` form): its own kernel is another
@@ -111,8 +107,8 @@ def test_flops_per_token_counts_the_harness_models_parameters_and_causal_attenti
 def test_the_peak_keeps_the_faster_measurement_of_each_shape():
     size = get_size("tiny").with_layers(1)
     shapes = flops.step_matmuls(size, 1024)
-    slow = flops.Peak(1, [(m, 10e9) for m in shapes], 50e9)
-    fast = flops.Peak(1, [(m, 20e9 if i % 2 else 5e9) for i, m in enumerate(shapes)], 40e9)
+    slow = flops.Peak([(m, 10e9) for m in shapes], 50e9)
+    fast = flops.Peak([(m, 20e9 if i % 2 else 5e9) for i, m in enumerate(shapes)], 40e9)
     best = slow.best_of(fast)
     assert [f for _, f in best.matmuls] == [20e9 if i % 2 else 10e9 for i in range(len(shapes))]
     assert best.square == 50e9 and slow.step_mix < best.step_mix
@@ -120,8 +116,8 @@ def test_the_peak_keeps_the_faster_measurement_of_each_shape():
 
 def test_grid_efficiency_is_ideal_over_actual():
     s = Scaling(cells=4, workers=2, layers=12, steps=100, alone_s=[15.0, 16.0], grid_s=[28.0, 30.0])
-    assert s.efficiencies() == pytest.approx([30 / 28, 32 / 30])
-    assert "efficiency ideal / actual 1.07 [1.07..1.07" in describe(s)
+    # ideal / actual per interleaved pair: 15 x 4 / 2 / 28 and 16 x 4 / 2 / 30
+    assert "ideal 31.0s" in s.describe() and "efficiency ideal / actual 1.07 [1.07..1.07] over 2" in s.describe()
 
 
 RATIO = r"\d+\.\d{3}x \[\d+\.\d{3}\.\.\d+\.\d{3}\]"
@@ -202,7 +198,7 @@ def test_lockstep_partners_step_once_after_each_harness_step_outside_its_logged_
             return 0.1
 
     steps = SKIP + 3
-    run = lockstep_run(harness_options("tiny", 1, steps, True, 1, "cpu"), {"a": Sleeper("a"), "b": Sleeper("b")})
+    run = lockstep_run(harness_options("tiny", 1, steps, True, 1), {"a": Sleeper("a"), "b": Sleeper("b")})
     assert calls == ["a", "b", "b", "a"] * (steps // 2) + ["a", "b"] * (steps % 2)
     # The last row's time_s comes after the final evaluation: one span fewer than steps timed.
     assert run.partners == {"a": [0.1] * 3, "b": [0.1] * 3} and len(run.logged_s) == 3 and len(run.period_s) == 2
@@ -212,16 +208,16 @@ def test_lockstep_partners_step_once_after_each_harness_step_outside_its_logged_
 
 
 def test_the_breakdown_buckets_ops_by_name_and_holds_the_matmuls_against_the_peak():
-    from ablate.bench.harness import REST, Breakdown, _category
+    from ablate.bench.harness import REST, category, describe_breakdown
 
-    assert [_category(op) for op in ("aten::mm", "aten::addmm", "aten::_scaled_dot_product_flash_attention_for_cpu",
+    assert [category(op) for op in ("aten::mm", "aten::addmm", "aten::_scaled_dot_product_flash_attention_for_cpu",
                                      "_CausalAttention", "_CausalAttentionBackward",  # the CPU kernel's
                                      "aten::native_layer_norm_backward", "aten::_fused_adamw_",
                                      "Optimizer.step#AdamW.step", "aten::gelu", "aten::mm_backward_hint")] == \
         ["matmul", "matmul", "attention", "attention", "attention", "norms", "optimizer", "optimizer", REST, REST]
-    b = Breakdown(steps=2, seconds={"matmul": 1.0, "attention": 0.5, "norms": 0.0, "optimizer": 0.0, REST: 0.5},
-                  matmul_flops=30e9, peak=60e9)
-    assert "matmul 50%, attention 25%" in b.describe() and "ran at 50% of the step-mix peak" in b.describe()
+    line = describe_breakdown(2, {"matmul": 1.0, "attention": 0.5, "norms": 0.0, "optimizer": 0.0, REST: 0.5},
+                              matmul_flops=30e9, peak=60e9)
+    assert "matmul 50%, attention 25%" in line and "ran at 50% of the step-mix peak" in line
 
 
 def test_a_cpu_profile_drops_kinetos_usdt_lines_and_passes_on_the_rest_of_stderr(capfd):

@@ -21,14 +21,14 @@ def test_the_gelu_part_times_every_form_and_torchs_gelus_in_turn(monkeypatch):
     text = cpu_kernels.gelu((4, 8), rounds=2, calls=2)
     names = set(FORMS) | {"torch erf", "torch tanh"} | ({"poly + bias"} if set(FORMS) & set(cpu_gelu.BIAS_FORMS) else set())
     assert {name for name, _ in seen[0]} == names  # one interleaved loop over them all
-    assert "4 x 8 float32" in text and all(f"\n{name:<14} fwd" in text for name in names)
+    assert "4 x 8 float32" in text and all(f"\n| {name} | fwd | " in text for name in names)
     assert torch.get_num_threads() >= 1
 
 
 def test_the_attention_part_times_every_copy_and_torchs_attention():
     text = cpu_kernels.attention((2, 3, 17, 8), rounds=2, calls=2)
     assert "batch 2, 3 heads, T 17, head dimension 8" in text
-    assert all(f"\n{name:<14} bwd" in text for name in [*COPIES, "torch sdpa"])
+    assert all(f"\n| {name} | bwd | " in text for name in [*COPIES, "torch sdpa"])
 
 
 def test_bench_only_takes_comma_separated_parts(capsys, monkeypatch):

@@ -1,9 +1,6 @@
-"""Model FLOPs per token, and this machine's matmul peak to hold them against.
-
-The peak is measured, not looked up: single-precision matmuls (torch's sgemm) at the thread
-count in use, at the shapes a training step of the model runs (each linear layer's forward,
-input-gradient and weight-gradient products) and at one large square size.
-"""
+"""Model FLOPs per token, and this machine's matmul peak to hold them against: float32 torch.mm
+at the thread count in use, at the shapes a training step of the model runs (each linear's
+forward, input-gradient and weight-gradient products) and at one large square size."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from ablate.bench.plain_gpt import PlainGPT
-from ablate.bench.timing import time_calls
+from ablate.bench.timing import header, row, time_calls
 from ablate.sizes import ModelSize
 
 FLOPS_FORMULA = ("model FLOPs per token = 6 x N + 6 x n_layer x seq_len x d_model (forward + backward; "
@@ -20,17 +17,12 @@ FLOPS_FORMULA = ("model FLOPs per token = 6 x N + 6 x n_layer x seq_len x d_mode
 SQUARE = 2048
 
 
-def matmul_params(size: ModelSize) -> int:
-    """N of FLOPS_FORMULA: every parameter except the position embedding (the tied token
-    embedding counts once, as the output layer's matmul)."""
+def flops_per_token(size: ModelSize) -> int:
+    """FLOPS_FORMULA; N counts the tied token embedding once, as the output layer's matmul."""
     with torch.device("meta"):
         model = PlainGPT(size.vocab_size, size.context, size.d_model, size.n_layer, size.n_head)
-    return sum(p.numel() for p in model.parameters()) - model.wpe.weight.numel()
-
-
-def flops_per_token(size: ModelSize, seq_len: int | None = None) -> int:
-    T = seq_len or size.context
-    return 6 * matmul_params(size) + 6 * size.n_layer * T * size.d_model
+    params = sum(p.numel() for p in model.parameters()) - model.wpe.weight.numel()
+    return 6 * params + 6 * size.n_layer * size.context * size.d_model
 
 
 @dataclass
@@ -53,62 +45,67 @@ def step_matmuls(size: ModelSize, tokens: int) -> list[Matmul]:
     d, L = size.d_model, size.n_layer
     linears = [("attn qkv", d, 3 * d, L), ("attn proj", d, d, L), ("mlp fc", d, 4 * d, L),
                ("mlp proj", 4 * d, d, L), ("lm head", d, size.vocab_size, 1)]
-    out = []
-    for name, k, n, count in linears:
-        out += [Matmul(f"{name} fwd", tokens, k, n, count), Matmul(f"{name} dgrad", tokens, n, k, count),
-                Matmul(f"{name} wgrad", n, tokens, k, count)]
-    return out
+    return [matmul for name, k, n, count in linears for matmul in (
+        Matmul(f"{name} fwd", tokens, k, n, count), Matmul(f"{name} dgrad", tokens, n, k, count),
+        Matmul(f"{name} wgrad", n, tokens, k, count))]
 
 
-def _seconds(fn, min_time: float = 0.05, rounds: int = 3) -> float:
-    """Best time of one call over `rounds` rounds of at least `min_time` each: the peak."""
-    one = max(min(time_calls(fn, 1)), 1e-7)  # after a warm-up call: first-call allocation and dispatch
-    return min(time_calls(fn, rounds, warmup=0, calls=max(1, int(min_time / one))))
-
-
-def sgemm_flops(m: int, k: int, n: int, device: str = "cpu") -> float:
-    """FLOP/s of a float32 (m,k)x(k,n) matmul into a preallocated output."""
-    a = torch.randn(m, k, device=device)
-    b = torch.randn(k, n, device=device)
-    c = torch.empty(m, n, device=device)
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-
-    def run():
-        torch.mm(a, b, out=c)
-        sync()
-
-    return 2 * m * k * n / _seconds(run)
+def sgemm_flops(m: int, k: int, n: int, min_time: float = 0.05) -> float:
+    """FLOP/s of a float32 (m,k)x(k,n) matmul into a preallocated output: the best of 3 rounds
+    of at least `min_time` each."""
+    a, b, c = torch.randn(m, k), torch.randn(k, n), torch.empty(m, n)
+    one = max(min(time_calls(lambda: torch.mm(a, b, out=c), 1)), 1e-7)
+    return 2 * m * k * n / min(time_calls(lambda: torch.mm(a, b, out=c), 3, 0, calls=max(1, int(min_time / one))))
 
 
 @dataclass
 class Peak:
-    threads: int
     matmuls: list[tuple[Matmul, float]]  # each step matmul and its FLOP/s
     square: float  # FLOP/s of a SQUARE^3 matmul
 
     def best_of(self, other: "Peak") -> "Peak":
         """Per shape, the faster of two measurements of the same step's matmuls."""
-        matmuls = [(m, max(f, g)) for (m, f), (_, g) in zip(self.matmuls, other.matmuls)]
-        return Peak(self.threads, matmuls, max(self.square, other.square))
+        return Peak([(m, max(f, g)) for (m, f), (_, g) in zip(self.matmuls, other.matmuls)],
+                    max(self.square, other.square))
 
     @property
     def step_mix(self) -> float:
         """FLOP/s of one step's matmuls run back to back: the most the model's shapes allow."""
-        flops = sum(m.flops * m.count for m, _ in self.matmuls)
-        return flops / sum(m.flops * m.count / f for m, f in self.matmuls)
+        return sum(m.flops * m.count for m, _ in self.matmuls) / sum(m.flops * m.count / f for m, f in self.matmuls)
 
 
-def measure_peak(size: ModelSize, tokens: int, threads: int | None = None, device: str = "cpu") -> Peak:
-    threads = threads or torch.get_num_threads()
-    outer = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        shapes = {}
-        for m in step_matmuls(size, tokens):
-            key = (m.m, m.k, m.n)
-            if key not in shapes:
-                shapes[key] = sgemm_flops(*key, device=device)
-        return Peak(threads, [(m, shapes[(m.m, m.k, m.n)]) for m in step_matmuls(size, tokens)],
-                    sgemm_flops(SQUARE, SQUARE, SQUARE, device=device))
-    finally:
-        torch.set_num_threads(outer)
+def measure_peak(size: ModelSize, tokens: int) -> Peak:
+    shapes: dict[tuple, float] = {}
+    for m in step_matmuls(size, tokens):
+        if (m.m, m.k, m.n) not in shapes:
+            shapes[m.m, m.k, m.n] = sgemm_flops(m.m, m.k, m.n)
+    return Peak([(m, shapes[m.m, m.k, m.n]) for m in step_matmuls(size, tokens)], sgemm_flops(SQUARE, SQUARE, SQUARE))
+
+
+def report(sizes: dict[str, ModelSize], before: dict[str, Peak], speeds: dict[str, tuple[float, float]],
+           threads: int):
+    """Lines: each size's plain (tanh) and harness tokens/s (`speeds`) as FLOP/s against the peak,
+    measured again and the better of it and `before` kept; under each, its shapes' figures and
+    where a profiled harness step's time goes."""
+    from ablate.bench.harness import step_breakdown
+    from ablate.bench.steps import BATCH
+
+    yield f"\nagainst the hardware: {FLOPS_FORMULA}"
+    yield (f"peak: float32 matmul (torch.mm) at {threads} thread{'s' if threads != 1 else ''}, at every matmul shape "
+           "of a training step (each linear's forward, input- and weight-gradient product; 'step mix' = their "
+           f"FLOPs over their summed times) and at {SQUARE}^3, before and after the step comparison, the better kept\n")
+    yield header("model", "blocks", "FLOPs/token", "step-mix peak GFLOP/s", "square peak GFLOP/s", "plain tanh GFLOP/s",
+                 "harness on GFLOP/s", "harness / step mix", "harness / square", "plain tanh / step mix")
+    for model, size in sizes.items():
+        peak = measure_peak(size, BATCH * size.context).best_of(before[model])
+        per_token = flops_per_token(size)
+        plain, harness = (per_token * tok_s for tok_s in speeds[model])
+        yield row(model, size.n_layer, f"{per_token:,}", f"{peak.step_mix / 1e9:.1f}", f"{peak.square / 1e9:.1f}",
+                  f"{plain / 1e9:.1f}", f"{harness / 1e9:.1f}", f"{harness / peak.step_mix:.0%}",
+                  f"{harness / peak.square:.0%}", f"{plain / peak.step_mix:.0%}")
+        by_layer: dict[str, list[str]] = {}
+        for m, f in peak.matmuls:
+            layer, kind = m.name.rsplit(" ", 1)
+            by_layer.setdefault(layer, []).append(f"{kind} {m.m}x{m.k}x{m.n} {f / 1e9:.1f}")
+        yield "  matmul GFLOP/s: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in by_layer.items())
+        yield "  " + step_breakdown(size, peak, threads)

@@ -1,11 +1,11 @@
-"""Grid scaling as efficiency: how close N workers come to N cells at once for free.
+"""Grid scaling as an efficiency (`ablate bench --only grid`): how close N workers come to N
+cells at once for free.
 
-ideal = (time of one cell alone, one worker, 1 thread) x cells / workers
-efficiency = ideal / actual time of the grid of `cells` such cells on `workers` workers
+    ideal = (one cell alone, one worker, 1 thread) x cells / workers;  efficiency = ideal / actual
 
-Both are whole `ablate grid` processes (start-up, imports and data included), so the grid
-is compared with what running its cells one by one on one core would cost, rather than
-with one many-threaded worker, which mostly measures how well one cell uses its threads.
+Both are whole `ablate grid` processes (start-up, imports and data included), so the grid is
+held against its cells run one by one on one core, not against one many-threaded worker, which
+mostly measures how well one cell uses its threads.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ablate.bench.timing import time_calls
+from ablate.bench.timing import once, spread
 
 GRID_TOML = """name = "bench-scaling"
 [base]
@@ -32,13 +32,14 @@ seed = {seeds}
 """
 
 
-def run_seconds(cmd: list[str], cwd: Path) -> float:
+def process_seconds(cmd: list[str], cwd: Path) -> float:
+    """Wall seconds of the process `cmd`, which must succeed."""
     def run():
         proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr.strip()[-500:]}")
 
-    return time_calls(run, repeats=1, warmup=0)[0]
+    return once(run)
 
 
 @dataclass
@@ -50,39 +51,29 @@ class Scaling:
     alone_s: list[float]  # one cell, one worker, 1 thread, per repeat
     grid_s: list[float]  # the grid, per repeat
 
-    def efficiencies(self) -> list[float]:
-        """Per interleaved pair: ideal / actual."""
-        return [a * self.cells / self.workers / g for a, g in zip(self.alone_s, self.grid_s)]
+    def describe(self) -> str:
+        ideal = [a * self.cells / self.workers for a in self.alone_s]
+        efficiency = [i / g for i, g in zip(ideal, self.grid_s)]
+        return (f"grid scaling: {self.cells} tiny cells ({self.layers} blocks, {self.steps} steps) on {self.workers} "
+                f"workers took {statistics.median(self.grid_s):.1f}s; one such cell alone on 1 thread "
+                f"{statistics.median(self.alone_s):.1f}s, so ideal {statistics.median(ideal):.1f}s (alone x "
+                f"{self.cells} cells / {self.workers} workers); efficiency ideal / actual {spread(efficiency, '.2f')} "
+                f"over {len(efficiency)} interleaved pairs")
 
 
 def grid_scaling(workers: int | None = None, cells_per_worker: int = 2, layers: int = 12, steps: int = 100,
                  repeats: int = 2) -> Scaling:
     workers = workers or os.cpu_count() or 1
-    cells = workers * cells_per_worker
-    result = Scaling(cells, workers, layers, steps, [], [])
+    result = Scaling(workers * cells_per_worker, workers, layers, steps, [], [])
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        alone, grid = tmp / "alone.toml", tmp / "grid.toml"
-        alone.write_text(GRID_TOML.format(layers=layers, steps=steps, seeds=[0]))
-        grid.write_text(GRID_TOML.format(layers=layers, steps=steps, seeds=list(range(cells))))
-        ablate = [sys.executable, "-m", "ablate", "grid"]
+        runs = {"alone": (tmp / "alone.toml", [0], ["--workers", "1", "--set", "threads=1"], result.alone_s),
+                "grid": (tmp / "grid.toml", list(range(result.cells)), ["--workers", str(workers)], result.grid_s)}
+        for toml, seeds, _, _ in runs.values():
+            toml.write_text(GRID_TOML.format(layers=layers, steps=steps, seeds=seeds))
         for r in range(repeats):
-            order = ("alone", "grid") if r % 2 == 0 else ("grid", "alone")
-            for kind in order:
-                out = tmp / f"{kind}-{r}"
-                if kind == "alone":
-                    cmd = ablate + [str(alone), "--out", str(out), "--workers", "1", "--set", "threads=1", "--quiet"]
-                    result.alone_s.append(run_seconds(cmd, tmp))
-                else:
-                    cmd = ablate + [str(grid), "--out", str(out), "--workers", str(workers), "--quiet"]
-                    result.grid_s.append(run_seconds(cmd, tmp))
+            for kind in ("alone", "grid") if r % 2 == 0 else ("grid", "alone"):
+                toml, _, flags, times = runs[kind]
+                times.append(process_seconds([sys.executable, "-m", "ablate", "grid", str(toml), "--out",
+                                              str(tmp / f"{kind}-{r}"), *flags, "--quiet"], tmp))
     return result
-
-
-def describe(s: Scaling) -> str:
-    eff = s.efficiencies()
-    ideal = statistics.median(s.alone_s) * s.cells / s.workers
-    return (f"grid scaling: {s.cells} tiny cells ({s.layers} blocks, {s.steps} steps) on {s.workers} workers took "
-            f"{statistics.median(s.grid_s):.1f}s; one such cell alone on 1 thread {statistics.median(s.alone_s):.1f}s, "
-            f"so ideal {ideal:.1f}s (alone x {s.cells} cells / {s.workers} workers); efficiency ideal / actual "
-            f"{statistics.median(eff):.2f} [{min(eff):.2f}..{max(eff):.2f} over {len(eff)} interleaved pairs]")

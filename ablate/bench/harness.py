@@ -1,6 +1,5 @@
-"""The harness's fixed costs (start-up, memory), a profile of its step against the plain
-loop's, and the GPU figures. The step comparison is in steps.py, the matmul peak and FLOPs
-in flops.py, grid scaling in grid_scaling.py."""
+"""The harness's fixed costs (`startup`, `memory`), where its step's time goes (`profile`, and the
+breakdown under the steps part's FLOP/s table), and the GPU figures (`gpu`)."""
 from __future__ import annotations
 
 import contextlib
@@ -8,44 +7,43 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ablate.bench.flops import flops_per_token
-from ablate.bench.grid_scaling import run_seconds as _run
-from ablate.bench.plain_gpt import plain_training_steps
+from ablate.bench.flops import flops_per_token, step_matmuls
+from ablate.bench.grid_scaling import process_seconds
+from ablate.bench.plain_gpt import PlainLoop
 from ablate.bench.steps import BATCH, LR, SEED, harness_options
-from ablate.bench.timing import time_calls
+from ablate.bench.timing import cuda_events, header, once, row, time_calls
 from ablate.cell import Cell
 from ablate.data import load_data
 from ablate.sizes import get_size
 from ablate.train import train
 
 
-def startup_cost() -> dict:
-    """Per-cell start-up: a cold `ablate train --steps 1` process end to end, the import
-    alone, and in a warm process the build + data + first step (what a grid worker pays)."""
+def startup_cost() -> str:
+    """A cold `ablate train --steps 1` process end to end, the import alone, and in a warm process
+    the build + data + first step (what a grid worker pays a cell)."""
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        cold = _run([sys.executable, "-m", "ablate", "train", "--steps", "1", "--quiet", "--out", str(tmp / "c")], tmp)
-        imports = _run([sys.executable, "-c", "import ablate.train"], tmp)
-        warm = time_calls(lambda: train(Cell.from_options({"model": "tiny", "steps": 1, "batch_size": BATCH}),
-                                        tmp / "warm"), repeats=1, warmup=0)[0]
-    return {"cold_process_s": cold, "import_s": imports, "warm_cell_s": warm}
+        cold = process_seconds([sys.executable, "-m", "ablate", "train", "--steps", "1", "--quiet", "--out",
+                                str(tmp / "c")], tmp)
+        imports = process_seconds([sys.executable, "-c", "import ablate.train"], tmp)
+        warm = once(lambda: train(Cell.from_options({"model": "tiny", "steps": 1, "batch_size": BATCH}), tmp / "warm"))
+    return (f"start-up per cell: cold process (start + import + build + data + 1 step) {cold:.2f}s; "
+            f"import alone {imports:.2f}s; in a warm worker (build + data + 1 step) {warm:.2f}s")
 
 
-def peak_memory_tiny_cell(steps: int = 20) -> float:
-    """Peak resident memory (MiB) of a process training one tiny cell."""
-    code = (
-        "import resource, subprocess, sys, tempfile\n"
-        "d = tempfile.mkdtemp()\n"
-        f"subprocess.run([sys.executable, '-m', 'ablate', 'train', '--steps', '{steps}', '--quiet', '--out', d], check=True)\n"
-        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
-    )
+def peak_memory(steps: int = 20) -> str:
+    """The peak resident memory of a process training one tiny cell."""
+    code = ("import resource, subprocess, sys, tempfile\n"
+            f"subprocess.run([sys.executable, '-m', 'ablate', 'train', '--steps', '{steps}', '--quiet', '--out', "
+            "tempfile.mkdtemp()], check=True)\n"
+            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    return int(out.strip().splitlines()[-1]) / 1024
+    return (f"peak resident memory of a tiny cell: {int(out.split()[-1]) / 1024:.0f} MiB "
+            "(the corpus is memory-mapped, never loaded into Python objects)")
 
 
 @contextlib.contextmanager
@@ -72,21 +70,25 @@ def cpu_profile():
             sys.stderr.flush()
 
 
-def profile_steps(model: str = "tiny", layers: int | None = None, steps: int = 10, top: int = 15) -> str:
-    """Where a step's time goes: torch.profiler's self-CPU table of the harness (probes on)
-    and of the plain loop on the same model, one after the other."""
-    size = get_size(model).with_layers(layers)
-    tokens = load_data(None, size.tokenizer, size.vocab_size).train[0]
-    options = harness_options(model, layers, steps, True, torch.get_num_threads(), "cpu")
-    with tempfile.TemporaryDirectory() as tmp, cpu_profile() as harness_prof:
+def _profiled_harness(options: dict):
+    with tempfile.TemporaryDirectory() as tmp, cpu_profile() as prof:
         train(Cell.from_options(options), Path(tmp) / "p")
-    with cpu_profile() as plain_prof:
-        plain_training_steps(size, tokens, steps, BATCH, LR, SEED)
-    return "\n".join([
-        f"harness, {model} x {size.n_layer} blocks, {steps} steps, probes on (self CPU time):",
-        harness_prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top),
-        "plain loop, same model and steps (self CPU time):",
-        plain_prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)])
+    return prof
+
+
+def profile_steps(model: str, layers: int | None, steps: int = 10, top: int = 15) -> str:
+    """torch.profiler's self-CPU tables of the harness (probes on), then of the plain loop on the
+    same model."""
+    size = get_size(model).with_layers(layers)
+    harness = _profiled_harness(harness_options(model, layers, steps, True, torch.get_num_threads()))
+    loop = PlainLoop(size, load_data(None, size.tokenizer, size.vocab_size).train[0], BATCH, LR, SEED)
+    with cpu_profile() as plain:
+        for _ in range(steps):
+            loop.step()
+    return "\n".join([f"harness, {model} x {size.n_layer} blocks, {steps} steps, probes on (self CPU time):",
+                      harness.key_averages().table(sort_by="self_cpu_time_total", row_limit=top),
+                      "plain loop, same model and steps (self CPU time):",
+                      plain.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)])
 
 
 # Where a profiled step's self CPU time goes, by what an op's name says it is (first match).
@@ -97,70 +99,58 @@ CATEGORIES = (("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm
 REST = "the rest (GELU, loss, embeddings, probes, other elementwise ops)"
 
 
-@dataclass
-class Breakdown:
-    steps: int
-    seconds: dict[str, float]  # self CPU seconds per category, REST included
-    matmul_flops: float  # the dense matmul FLOPs of those steps
-    peak: float  # the step-mix peak FLOP/s they are held against
-
-    def describe(self) -> str:
-        total = sum(self.seconds.values())
-        share = ", ".join(f"{name} {sec / total:.0%}" for name, sec in self.seconds.items())
-        rate = self.matmul_flops / self.seconds["matmul"] / self.peak
-        return (f"where a harness step goes (torch.profiler, self CPU time, {self.steps} steps, probes on): {share}; "
-                f"the matmuls ran at {rate:.0%} of the step-mix peak, so with every other op free a step "
-                f"would reach about {rate:.0%}")
-
-
-def _category(op: str) -> str:
+def category(op: str) -> str:
     for name, marks in CATEGORIES:
         if op in marks or any(m.lower() in op.lower() for m in marks if not m.startswith("aten::")):
             return name
     return REST
 
 
-def step_breakdown(size, peak, threads: int, steps: int = 12) -> Breakdown:
-    """Profile a harness run of the default block with every probe on, bucket its ops' self
-    CPU time by CATEGORIES, and hold the matmuls' own rate against `peak` (flops.Peak). The
-    model build and the one final validation batch are in it too (a few percent at most)."""
-    from ablate.bench.flops import step_matmuls
+def describe_breakdown(steps: int, seconds: dict[str, float], matmul_flops: float, peak: float) -> str:
+    """`seconds`: self CPU seconds per category, REST included; `matmul_flops`: the dense matmul
+    FLOPs of those steps; `peak`: the step-mix FLOP/s they are held against."""
+    share = ", ".join(f"{name} {sec / sum(seconds.values()):.0%}" for name, sec in seconds.items())
+    rate = matmul_flops / seconds["matmul"] / peak
+    return (f"where a harness step goes (torch.profiler, self CPU time, {steps} steps, probes on): {share}; "
+            f"the matmuls ran at {rate:.0%} of the step-mix peak, so with every other op free a step "
+            f"would reach about {rate:.0%}")
 
-    options = harness_options(size.name, size.n_layer, steps, True, threads, "cpu")
-    outer = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        with tempfile.TemporaryDirectory() as tmp, cpu_profile() as prof:
-            train(Cell.from_options(options), Path(tmp) / "p")
-    finally:
-        torch.set_num_threads(outer)
+
+def step_breakdown(size, peak, threads: int, steps: int = 12) -> str:
+    """A profiled harness run of the default block, probes on, its ops' self CPU time by
+    CATEGORIES, its matmuls' rate held against `peak` (flops.Peak). The model build and the one
+    final validation batch are in it too (a few percent at most)."""
+    prof = _profiled_harness(harness_options(size.name, size.n_layer, steps, True, threads))
     seconds = {name: 0.0 for name, _ in CATEGORIES} | {REST: 0.0}
     for event in prof.key_averages():
-        seconds[_category(event.key)] += event.self_cpu_time_total / 1e6
+        seconds[category(event.key)] += event.self_cpu_time_total / 1e6
     flops = steps * sum(m.flops * m.count for m in step_matmuls(size, BATCH * size.context))
-    return Breakdown(steps, seconds, flops, peak.step_mix)
+    return describe_breakdown(steps, seconds, flops, peak.step_mix)
 
 
-def gpu_figures(steps: int = 30) -> list[dict]:
-    """andrea-120m tokens/s and MFU per kernel backend, torch.compile off and on."""
+def gpu_figures(steps: int = 30, batch: int = 8):
+    """Lines: andrea-120m's tokens/s, MFU and peak memory per kernel backend, torch.compile off and on."""
     from ablate.kernels import BACKENDS
 
-    size = get_size("andrea-120m")
-    n = 4096
+    if not torch.cuda.is_available():
+        yield "gpu: no CUDA device here; skipped"
+        return
+    size, n = get_size("andrea-120m"), 4096
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    peak = 2 * n**3 / min(time_calls(lambda: a @ a, repeats=3, calls=20, sync=torch.cuda.synchronize))
-    rows = []
+    peak = 2 * n**3 / min(time_calls(lambda: a @ a, repeats=3, calls=20, clock=cuda_events()))
+    yield (f"andrea-120m, {steps} steps of batch {batch}; MFU against a bfloat16 {n}^3 matmul at "
+           f"{peak / 1e12:.0f} TFLOP/s")
+    yield header("kernels", "compile", "tokens/s", "MFU", "peak memory GiB")
     for kernels in (k for k in BACKENDS if k != "cpu"):  # the GPU backends and reference
         for compiled in (False, True):
-            options = {"model": "andrea-120m", "steps": steps, "batch_size": 8, "kernels": kernels,
+            options = {"model": "andrea-120m", "steps": steps, "batch_size": batch, "kernels": kernels,
                        "compile": compiled, "eval_every": steps, "eval_batches": 1, "checkpoint_every": steps}
             try:
                 torch.cuda.reset_peak_memory_stats()
                 with tempfile.TemporaryDirectory() as tmp:
-                    s = train(Cell.from_options(options), Path(tmp) / "g")
-                tok_s = steps * 8 * size.context / s["wall_time_s"]
-                rows.append({"kernels": kernels, "compile": compiled, "tokens_per_s": tok_s,
-                             "mfu": flops_per_token(size) * tok_s / peak, "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30})
+                    seconds = train(Cell.from_options(options), Path(tmp) / "g")["wall_time_s"]
+                tok_s = steps * batch * size.context / seconds
+                yield row(kernels, compiled, f"{tok_s:,.0f}", f"{flops_per_token(size) * tok_s / peak:.1%}",
+                          f"{torch.cuda.max_memory_allocated() / 2**30:.1f}")
             except Exception as e:  # noqa: BLE001  (report a backend that cannot run, keep going)
-                rows.append({"kernels": kernels, "compile": compiled, "error": str(e).splitlines()[0]})
-    return rows
+                yield row(kernels, compiled, f"error: {(str(e) or type(e).__name__).splitlines()[0]}", "", "")

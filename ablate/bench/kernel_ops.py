@@ -1,21 +1,10 @@
-"""The kernel bench (`ablate bench --only kernels`, or `ablate kernels bench` with its flags): per op, each implementation's time and achieved bandwidth, in one run.
-
-Implementations: `eager` (the reference backend, i.e. PyTorch eager), `compile` (the reference
-ops under torch.compile, as the model would get with a compiled step), and the kernel backends
-(`triton`, `cuda`), all on the same inputs. Each is timed forward only and forward + backward.
-
-Bytes are the minimum an op must move (read every input once, write every output once), the
-same for every implementation, so GB/s compares fairly and reads as a fraction of the device's
-measured copy bandwidth (a large device-to-device `copy_`, read + write):
-
-    act      fwd: x -> y               2N     bwd: x, dy -> dx                3N
-    gated    fwd: gate, up -> y        3N     bwd: gate, up, dy -> dg, du     5N   (N = rows x hidden)
-    norm     fwd: x -> y               2N     bwd: x, dy -> dx                3N   (+ weights, stats)
-    add+norm fwd: x, r -> s, y         4N     bwd: s, dy, ds -> dx            4N
-
-Timing on a GPU: CUDA events around each call, after a 256 MiB write that evicts the L2 and gives
-the host time to enqueue the call (so Python overhead does not show as GPU time); the median of
-the repeats. On a CPU: wall time (perf_counter), median of the repeats.
+"""The kernel bench (`ablate kernels bench`, or `ablate bench --only kernels`): per op, each
+implementation's time forward and forward + backward and its achieved bandwidth: `eager` (the
+reference backend), `compile` (the reference ops under torch.compile) and the kernel backends,
+on the same inputs. Bytes are the fewest an op must move (every input read once, every output
+written once), so GB/s compares fairly and reads as a fraction of the device's measured copy
+bandwidth. Timed by the one loop (bench/timing.py): on a GPU on its own timeline after a write
+that evicts the L2, on a CPU by the wall clock; the median of the repeats.
 """
 from __future__ import annotations
 
@@ -25,11 +14,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ablate.bench.timing import time_calls
+from ablate.bench.timing import cuda_events, time_calls
 from ablate.kernels import parity
 from ablate.kernels.reference import ReferenceBackend
 
-# Targets from issue 7 (fraction of copy bandwidth, forward + backward).
+# Fractions of copy bandwidth, forward + backward, a backend must reach.
 TARGET_ELEMENTWISE = 0.80
 TARGET_NORM = 0.70
 
@@ -47,14 +36,12 @@ class BenchCase:
 
     @property
     def bytes(self) -> tuple[int, int]:
+        """(forward, backward): act x -> y, x dy -> dx: 2N, 3N; gated gate up -> y, gate up dy ->
+        dg du: 3N, 5N; norm as act (+ weights, stats); add+norm x r -> s y, s dy ds -> dx: 4N, 4N."""
         n = self.rows * self.cols * torch.empty(0, dtype=self.dtype).element_size()
-        if self.op.startswith("act:"):
-            return 2 * n, 3 * n
         if self.op.startswith("gated:"):
             return 3 * n, 5 * n
-        if self.op.startswith("add_"):
-            return 4 * n, 4 * n
-        return 2 * n, 3 * n
+        return (4 * n, 4 * n) if self.op.startswith("add_") else (2 * n, 3 * n)
 
     @property
     def target(self) -> float:
@@ -82,40 +69,22 @@ def _inputs(case: BenchCase, device):
     return leaves, fn, grads
 
 
-class Timer:
-    def __init__(self, device, repeats: int = 20, warmup: int = 3):
-        self.device = torch.device(device)
-        self.repeats, self.warmup = repeats, warmup
-        self.cuda = self.device.type == "cuda"
-        self._flush = torch.empty(256 << 20, dtype=torch.int8, device=self.device) if self.cuda else None
-
-    def __call__(self, f) -> float:
-        """Median seconds of one call of f. On a GPU: CUDA events around each call after the L2
-        flush, so neither the flush nor the host's Python shows as GPU time."""
-        if not self.cuda:
-            return statistics.median(time_calls(f, self.repeats, self.warmup))
-        for _ in range(self.warmup):
-            f()
-        torch.cuda.synchronize(self.device)
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(self.repeats)]
-        for start, end in events:
-            self._flush.zero_()
-            start.record()
-            f()
-            end.record()
-        torch.cuda.synchronize(self.device)
-        return statistics.median(s.elapsed_time(e) for s, e in events) / 1e3
+def timer(device, repeats: int = 20, warmup: int = 3):
+    """f -> median seconds of one call of f on `device`; on a GPU each call follows a 256 MiB
+    write that evicts the L2 and gives the host time to enqueue the call."""
+    if torch.device(device).type != "cuda":
+        return lambda f: statistics.median(time_calls(f, repeats, warmup))
+    flush = torch.empty(256 << 20, dtype=torch.int8, device=device)
+    return lambda f: statistics.median(time_calls(f, repeats, warmup, clock=cuda_events(), before=flush.zero_))
 
 
-def copy_bandwidth(device, nbytes: int | None = None, timer: Timer | None = None) -> float:
+def copy_bandwidth(device, time_call=None) -> float:
     """Bytes per second of a large copy (read + write) on `device`."""
     device = torch.device(device)
-    nbytes = nbytes or ((1 << 30) if device.type == "cuda" else (64 << 20))
+    nbytes = (1 << 30) if device.type == "cuda" else (64 << 20)
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).normal_()
     dst = torch.empty_like(src)
-    timer = timer or Timer(device)
-    return 2 * nbytes / timer(lambda: dst.copy_(src))
+    return 2 * nbytes / (time_call or timer(device))(lambda: dst.copy_(src))
 
 
 @dataclass
@@ -131,30 +100,21 @@ class Result:
         return (fwd / self.fwd_s if which == "fwd" else (fwd + bwd) / self.fwdbwd_s) / 1e9
 
 
-def _implementations(backends: dict, use_compile: bool):
-    ref = ReferenceBackend()
-    impls = [("eager", ref, False)]
-    if use_compile:
-        impls.append(("compile", ref, True))
-    impls += [(name, be, False) for name, be in backends.items() if not isinstance(be, str)]
-    return impls
-
-
-def run_bench(cases: list[BenchCase], backends: dict, device, use_compile: bool = True,
-              repeats: int = 20, progress=None) -> list[Result]:
+def run_bench(cases: list[BenchCase], backends: dict, device, use_compile: bool = True, repeats: int = 20,
+              progress=lambda case_results: None) -> None:
     """Time every implementation on every case; progress(case_results) after each case."""
-    timer = Timer(device, repeats=repeats)
-    results = []
+    time_call, ref = timer(device, repeats), ReferenceBackend()
+    impls = [("eager", ref, False), *([("compile", ref, True)] if use_compile else []),
+             *((name, be, False) for name, be in backends.items() if not isinstance(be, str))]
     for case in cases:
         leaves, fn, grads = _inputs(case, device)
         case_results = []
-        for name, be, compiled in _implementations(backends, use_compile):
+        for name, be, compiled in impls:
             r = Result(case, name)
             try:
                 if compiled:
                     torch._dynamo.reset()
-                    fwd_fn = torch.compile(lambda *ls: fn(be, *ls), dynamic=False)
-                    train_fn = torch.compile(lambda *ls: fn(be, *ls), dynamic=False)
+                    fwd_fn, train_fn = (torch.compile(lambda *ls: fn(be, *ls), dynamic=False) for _ in range(2))
                 else:
                     fwd_fn = train_fn = (lambda *ls, be=be: fn(be, *ls))
 
@@ -162,29 +122,24 @@ def run_bench(cases: list[BenchCase], backends: dict, device, use_compile: bool 
                     with torch.no_grad():
                         return fwd_fn(*leaves)
 
-                def fwdbwd():
-                    return torch.autograd.grad(train_fn(*leaves), leaves, grads)
-
-                r.fwd_s = timer(fwd)
-                r.fwdbwd_s = timer(fwdbwd)
+                r.fwd_s = time_call(fwd)
+                r.fwdbwd_s = time_call(lambda: torch.autograd.grad(train_fn(*leaves), leaves, grads))
             except Exception as e:
                 r.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             case_results.append(r)
-        results += case_results
         del leaves, grads
-        if progress:
-            progress(case_results)
-    return results
+        progress(case_results)
 
 
 def quick_time(backend, device, rows: int = 4096, repeats: int = 10) -> float:
     """Seconds of forward + backward over a representative set of ops (for `--kernels auto`)."""
-    timer = Timer(device, repeats=repeats, warmup=2)
+    time_call = timer(device, repeats, warmup=2)
     total = 0.0
     for case in (BenchCase("layer_norm", rows, 768, torch.float32), BenchCase("add_layer_norm", rows, 768, torch.float32),
-                 BenchCase("act:gelu", rows, 3072, torch.bfloat16), BenchCase("gated:silu", rows, 2048, torch.bfloat16)):
+                 BenchCase("act:gelu", rows, 3072, torch.bfloat16),
+                 BenchCase("gated:silu", rows, 2048, torch.bfloat16)):
         leaves, fn, grads = _inputs(case, device)
-        total += timer(lambda: torch.autograd.grad(fn(backend, *leaves), leaves, grads))
+        total += time_call(lambda: torch.autograd.grad(fn(backend, *leaves), leaves, grads))
     return total
 
 
@@ -198,23 +153,19 @@ def format_header(copy_bw: float) -> str:
 
 def format_case(rs: list[Result], copy_bw: float) -> str:
     """The lines of one case: one per implementation; speed-ups are forward + backward."""
+    base = {r.impl: r for r in rs if not r.error}
     lines = []
-    base = {r.impl: r for r in rs}
-    eager, comp = base.get("eager"), base.get("compile")
     for r in rs:
-        case = r.case
         if r.error:
-            lines.append(f"{case.label:<34}{r.impl:<9}error: {r.error}")
+            lines.append(f"{r.case.label:<34}{r.impl:<9}error: {r.error}")
             continue
         fg, tg = r.gbps("fwd"), r.gbps("fwdbwd")
-        vs_e = eager.fwdbwd_s / r.fwdbwd_s if eager and not eager.error else math.nan
-        vs_c = comp.fwdbwd_s / r.fwdbwd_s if comp and not comp.error else math.nan
+        vs_e, vs_c = (base[b].fwdbwd_s / r.fwdbwd_s if b in base else math.nan for b in ("eager", "compile"))
         verdict = ""
         if r.impl not in ("eager", "compile"):
-            ok = (tg * 1e9 / copy_bw >= case.target and (math.isnan(vs_e) or vs_e >= 1.0)
-                  and (math.isnan(vs_c) or vs_c >= 1 / 1.1))
-            verdict = "met" if ok else "missed"
-        lines.append(f"{case.label:<34}{r.impl:<9}{r.fwd_s * 1e6:>9.1f}{fg:>8.0f}{fg * 1e9 / copy_bw:>7.0%}"
+            met = tg * 1e9 / copy_bw >= r.case.target and not vs_e < 1.0 and not vs_c < 1 / 1.1  # nan: not run
+            verdict = "met" if met else "missed"
+        lines.append(f"{r.case.label:<34}{r.impl:<9}{r.fwd_s * 1e6:>9.1f}{fg:>8.0f}{fg * 1e9 / copy_bw:>7.0%}"
                      f"{r.fwdbwd_s * 1e6:>10.1f}{tg:>8.0f}{tg * 1e9 / copy_bw:>7.0%}"
                      f"{_ratio(vs_e):>10}{_ratio(vs_c):>9}  {verdict}")
     return "\n".join(lines)

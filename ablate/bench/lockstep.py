@@ -1,29 +1,25 @@
-"""Two copies of one model, built from one seed, trained in turn step by step in one process
-through the training loop's own step (ablate.train.train_step). Steps a few milliseconds apart
-see the same machine, so the ratio of the copies' summed step times is what differs between
-them, not the machine's load. Where the copies compute the same math their losses must be the
-same bits, and a round says whether they were. Used by `ablate bench --only probes`
-(bench/probe_cost.py) and `ablate bench --only cpu-mlp` (bench/cpu_kernels.py)."""
+"""Copies of one model, built from one seed, stepped in turn in one process through the training
+loop's own step (ablate.train.train_step). Steps a few milliseconds apart see the same machine,
+so the ratio of the copies' summed step times is what differs between them, not the machine's
+load; where the copies compute the same math, their losses must be the same bits. The probes
+part (bench/probe_cost.py), cpu-mlp (bench/cpu_kernels.py), subnormals and the time estimate
+step this way."""
 from __future__ import annotations
-
-import contextlib
 
 import torch
 
-from ablate import fpmode
-from ablate.bench.timing import time_calls
+from ablate.bench.timing import once
 
 WARM = 3  # steps of each round left out of its timing
 
 
-def plan_for(model: str, layers: int | None, steps: int, threads: int, probes: bool, **extra):
-    """The bench's harness run (ablate/bench/steps.py) planned, on the CPU, with subnormals as a
-    new run of the harness has them."""
-    from ablate.bench.steps import harness_options
+def plan_cell(options: dict):
+    """The cell's plan, with subnormals as a new run of the harness has them."""
+    from ablate import fpmode
     from ablate.cell import Cell
     from ablate.train import plan_run
 
-    plan = plan_run(Cell.from_options(harness_options(model, layers, steps, probes, threads, "cpu", **extra)))
+    plan = plan_run(Cell.from_options(options))
     fpmode.apply(plan.cfg.flush_denormal)
     return plan
 
@@ -56,26 +52,19 @@ def steps_in_turn(plan, copies: list[tuple], first: int, steps: int | None = Non
         for i in order:
             model, opt, probes = copies[i]
             before(i)
-            seconds[i] += time_calls(lambda: losses[i].append(train_step(plan, model, model, opt, probes, step, x, y)[0]),
-                                     repeats=1, warmup=0)
+            seconds[i].append(once(lambda: losses[i].append(
+                train_step(plan, model, model, opt, probes, step, x, y)[0])))
         order.reverse()
     return seconds, losses
 
 
-def round_in_turn(plan, copies: list[tuple], first: int) -> tuple[list[float], bool]:
-    """Each copy's summed step seconds after the first WARM steps (steps_in_turn), and whether
-    every step's losses were the same bits."""
-    seconds, losses = steps_in_turn(plan, copies, first)
-    return [sum(s[WARM:]) for s in seconds], all(lost == losses[0] for lost in losses[1:])
-
-
-@contextlib.contextmanager
-def threads_and_flushing(threads: int):
-    """Run at `threads` torch threads; the caller's threads and subnormal setting restored after."""
-    outer = torch.get_num_threads(), fpmode.main_thread_flushing()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(outer[0])
-        fpmode.set_flush_denormal(outer[1])
+def rounds_in_turn(plan, make_copies, rounds: int) -> tuple[list[float], int]:
+    """Per round, copy 1's summed step seconds over copy 0's after the first WARM steps, the
+    copies fresh from make_copies() and taking turns to go first; and how many rounds' losses
+    were not the same bits."""
+    ratios, differing = [], 0
+    for r in range(rounds):
+        seconds, losses = steps_in_turn(plan, make_copies(), r % 2)
+        ratios.append(sum(seconds[1][WARM:]) / sum(seconds[0][WARM:]))
+        differing += losses[0] != losses[1]
+    return ratios, differing

@@ -1,19 +1,11 @@
-"""The baseline the harness is measured against: a nanoGPT-style GPT and training loop.
-
-Written for this benchmark after the structure of nanoGPT's model.py and train.py
-(github.com/karpathy/nanoGPT), shape for shape the harness's default block: pre-norm
-LayerNorm with biases, a 4x MLP, learned positions, tied embeddings, attention through
-F.scaled_dot_product_attention, GPT-2 init. The GELU is nanoGPT's, nn.GELU()'s exact erf
-form, by default; `gelu="tanh"` gives the harness's default block (GPT-2's tanh
-approximation), which on the CPU costs about twice as much (see docs/performance.md's `ablate bench`
-section). nanoGPT's dropout layers are left out
-(dropout is 0 here, and a no-op module only slows the baseline down, which would flatter
-the harness). The optimizer is AdamW with fused=True, as the harness uses it on every
-device (nanoGPT fuses it on CUDA only; the CPU's default per-tensor AdamW is slower).
-Gradients are clipped to norm 1.0 every step, as nanoGPT's train.py does by default
-(`grad_clip = 1.0`; its GradScaler is disabled in float32 and left out).
-
-Nothing from ablate's model, kernels, probes or training loop is used here.
+"""The baseline the harness is measured against: a nanoGPT-style GPT and training loop, written
+after nanoGPT's model.py and train.py (github.com/karpathy/nanoGPT), shape for shape the harness's
+default block: pre-norm LayerNorm with biases (nn.LayerNorm; nanoGPT's own class exists for
+bias=False), a 4x MLP, learned positions, tied embeddings, F.scaled_dot_product_attention,
+GPT-2 init, nanoGPT's AdamW groups and gradient clipping. AdamW is fused, as the harness uses it
+on every device (nanoGPT fuses it on CUDA only). Dropout is left out (0 here; a no-op module
+would only slow the baseline down and flatter the harness). Nothing from ablate's model,
+kernels, probes or training loop is used here.
 """
 from __future__ import annotations
 
@@ -24,19 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ablate.bench.timing import time_calls
+from ablate.bench.timing import once
 
-GRAD_CLIP = 1.0  # nanoGPT's train.py default
-
-
-class LayerNorm(nn.Module):
-    def __init__(self, d: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d))
-        self.bias = nn.Parameter(torch.zeros(d))
-
-    def forward(self, x):
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+# nanoGPT's train.py defaults, the harness's too
+GRAD_CLIP, WEIGHT_DECAY, BETAS = 1.0, 0.1, (0.9, 0.95)
 
 
 class CausalSelfAttention(nn.Module):
@@ -68,8 +51,8 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, d: int, n_head: int, gelu: str):
         super().__init__()
-        self.ln_1, self.attn = LayerNorm(d), CausalSelfAttention(d, n_head)
-        self.ln_2, self.mlp = LayerNorm(d), MLP(d, gelu)
+        self.ln_1, self.attn = nn.LayerNorm(d), CausalSelfAttention(d, n_head)
+        self.ln_2, self.mlp = nn.LayerNorm(d), MLP(d, gelu)
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
@@ -81,7 +64,7 @@ class PlainGPT(nn.Module):
         super().__init__()
         self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(context, d)
         self.h = nn.ModuleList(Block(d, n_head, gelu) for _ in range(n_layer))
-        self.ln_f = LayerNorm(d)
+        self.ln_f = nn.LayerNorm(d)
         self.lm_head = nn.Linear(d, vocab, bias=False)
         self.lm_head.weight = self.wte.weight  # tied input/output embedding
         self.apply(self._init_weights)
@@ -105,12 +88,12 @@ class PlainGPT(nn.Module):
         return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 
 
-def configure_optimizer(model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float]):
+def configure_optimizer(model: nn.Module, lr: float):
     """nanoGPT's groups: decay on matrices and embeddings, none on biases and gains."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=True)
+    groups = [{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=BETAS, fused=True)
 
 
 def get_batch(tokens: np.ndarray, batch_size: int, seq_len: int, device="cpu"):
@@ -122,26 +105,23 @@ def get_batch(tokens: np.ndarray, batch_size: int, seq_len: int, device="cpu"):
 
 
 class PlainLoop:
-    """nanoGPT's train.py loop over a PlainGPT, one iteration per `step()`: set the lr,
-    forward, fetch the next batch, backward, clip the gradients' norm (nanoGPT's grad_clip,
-    1.0; 0 turns it off), the optimizer step, zero the gradients, and read
-    the loss (.item(), as train.py does at log_interval 1, the harness's default logging).
-    `step()` returns that iteration's seconds, so the bench can run it in lockstep with the
-    harness's steps."""
+    """nanoGPT's train.py loop over a PlainGPT, one iteration a `step()` (which returns its
+    seconds): set the lr, forward, fetch the next batch, backward, clip the gradients' norm, the
+    optimizer step, zero the gradients, and read the loss (.item(), as train.py does at
+    log_interval 1, the harness's default logging). `gelu`: F.gelu's `approximate`, "none"
+    (nanoGPT's exact erf) or "tanh" (GPT-2's, the harness's default block)."""
 
     def __init__(self, size, tokens: np.ndarray, batch_size: int, lr: float, seed: int, device="cpu",
-                 weight_decay: float = 0.1, betas=(0.9, 0.95), gelu: str = "none", grad_clip: float = GRAD_CLIP):
+                 gelu: str = "none"):
         torch.manual_seed(seed)
-        self.grad_clip = grad_clip
         with torch.device(device):
             self.model = PlainGPT(size.vocab_size, size.context, size.d_model, size.n_layer, size.n_head, gelu)
-        self.optimizer = configure_optimizer(self.model, lr, weight_decay, betas)
+        self.optimizer = configure_optimizer(self.model, lr)
         self.tokens, self.batch_size, self.seq_len, self.lr, self.device = tokens, batch_size, size.context, lr, device
         self.batch = get_batch(tokens, batch_size, size.context, device)
 
     def step(self) -> float:
-        """One iteration; its seconds (bench/timing.py)."""
-        return time_calls(self._iterate, repeats=1, warmup=0)[0]
+        return once(self._iterate)
 
     def _iterate(self) -> None:
         for group in self.optimizer.param_groups:
@@ -149,15 +129,7 @@ class PlainLoop:
         _, loss = self.model(*self.batch)
         self.batch = get_batch(self.tokens, self.batch_size, self.seq_len, self.device)
         loss.backward()
-        if self.grad_clip != 0.0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), GRAD_CLIP)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         loss.item()
-
-
-def plain_training_steps(size, tokens: np.ndarray, steps: int, batch_size: int, lr: float, seed: int,
-                         device="cpu", weight_decay: float = 0.1, betas=(0.9, 0.95), gelu: str = "none") -> list[float]:
-    """Train `steps` iterations of PlainLoop; returns each iteration's seconds."""
-    loop = PlainLoop(size, tokens, batch_size, lr, seed, device, weight_decay, betas, gelu)
-    return [loop.step() for _ in range(steps)]

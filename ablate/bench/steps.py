@@ -1,83 +1,44 @@
-"""The harness's training step against the plain nanoGPT-style loop, in lockstep.
+"""`ablate bench --only steps`: the harness's training step against the plain nanoGPT-style loop
+(bench/plain_gpt.py), in lockstep, and against this machine's matmul peak (bench/flops.py).
 
-Each repeat trains, in a rotated order, the harness's default block with every probe on and
-with probes off, and the same block with nanoGPT's GELU (act=gelu_erf) with probes on and
-off. Every harness step is followed, in the same process, by one step of each plain loop (its
-partners, one per GELU, taking turns to go first), outside the step time the harness logs. A
-machine this shared slows down and speeds up over seconds, so a ratio of runs taken one after
-the other measures the machine as much as the loops; partner steps a tenth of a second apart
-see the same machine. A run's ratio is (its partner's steps' total seconds) / (its own steps'
-total seconds), the probed steps included; the table gives the median of the runs and their
-spread (min..max). Probe overhead is the probes-on run's ratio over the probes-off run's of
-the same repeat, each against its partner.
+Each repeat trains four harness runs in a rotated order: the default block with every probe on
+and off, and the same with nanoGPT's GELU (act=gelu_erf). After every harness step, in the same
+process and outside the step time it logs, one step of each plain loop (GPT-2's tanh GELU and
+nanoGPT's erf, taking turns to go first): a shared machine's speed drifts over seconds, and
+steps a tenth of a second apart see the same machine. A run's ratio is its partner's total step
+seconds over its own. The columns are explained in docs/performance.md.
 """
 from __future__ import annotations
 
 import json
 import statistics
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from ablate.bench.plain_gpt import GRAD_CLIP, PlainLoop
+from ablate.bench.timing import header, row, spread
 from ablate.cell import Cell
-from ablate.config import OPTION_NAMES, OPTIONS
+from ablate.config import OPTIONS
 from ablate.data import load_data
 from ablate.rundir import METRICS
 from ablate.sizes import get_size
 from ablate.train import train
 
 BATCH, LR, SEED = 16, 1e-3, 0
-# The first steps of every run are left out of every figure (allocator and cache warm-up),
-# as nanoGPT's MFU estimate leaves out its first 5 iterations.
-SKIP = 5
-
-# The harness's block with nanoGPT's activation (nn.GELU(): exact erf) instead of GPT-2's tanh.
-SAME_MATH = {"act": "gelu_erf"}
+SKIP = 5  # the first steps of every run, left out of every figure (allocator and cache warm-up)
+# Each repeat's runs: (options beyond harness_options', probes on)
+RUNS = {"on": ({}, True), "off": ({}, False), "same_math": ({"act": "gelu_erf"}, True),
+        "same_math_off": ({"act": "gelu_erf"}, False)}
 
 WHAT_IS_TIMED = """\
-plain:          nanoGPT's model and loop (ablate/bench/plain_gpt.py), one iteration: set lr,
-                forward, fetch the next batch, backward, clip the gradients' norm to 1.0 (nanoGPT's
-                default), fused AdamW, zero_grad, loss.item();
-                "tanh" with GPT-2's GELU (the harness's default block), "erf" with nanoGPT's own;
-                each run one step after each harness step, in lockstep
-harness logged: the tokens_per_s the harness writes to metrics.jsonl: its step (set lr, batch,
-                forward, backward, probes, the same clip, fused AdamW step, zero_grad, loss to
-                the host)
-harness period: the time between consecutive metrics.jsonl time_s, less the plain steps run in
-                between: the logged step plus the per-step bookkeeping around it (writing the
-                metrics line, divergence and checkpoint checks)
-harness:        the default block (GELU tanh, GPT-2's); "gelu_erf" is the same block with
-                nanoGPT's GELU. Same-math pairs (tanh/tanh, erf/erf) are the harness's own cost;
-                gelu_erf with probes off, its loop's alone
-probes on:      every probe at log_every 1{probe_every}; off: probes = false
-each run: {steps} steps, batch {batch}, constant lr, the first {skip} steps left out; a run's
-                speed is its steps' total time (every probed step in it)"""
-
-
-def what_is_timed(steps: int, probe_every: int | None = None) -> str:
-    """The bench's own description of its runs; `probe_every` None: the harness's default."""
-    text = ""
-    if "probe_every" in OPTIONS:
-        default = OPTIONS["probe_every"].default
-        text = f", probe_every {probe_every or default} (the harness's default: {default}; --probe-every 1 probes every step)"
-    return WHAT_IS_TIMED.format(probe_every=text, steps=steps, batch=BATCH, skip=SKIP)
-
-
-@dataclass
-class Spread:
-    """Ratios of interleaved pairs: their median and range."""
-
-    values: list[float]
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.values)
-
-    def __format__(self, spec: str) -> str:
-        return f"{self.median:.3f}x [{min(self.values):.3f}..{max(self.values):.3f}]"
+plain:    nanoGPT's model and loop (ablate/bench/plain_gpt.py); "tanh" with GPT-2's GELU (the harness's
+          default block), "erf" with nanoGPT's own; one step of each after every harness step, in lockstep
+harness:  the tokens_per_s it logs, and its period (metrics line to metrics line, less the plain steps);
+          "gelu_erf" is its block with nanoGPT's GELU; probes on: every probe at log_every 1, probe_every
+          {probe_every} (the harness's default: {default}; 1: every probe every step); off: probes = false
+each run: {steps} steps, batch {batch}, constant lr, the first {skip} steps left out; {repeats} repeats, ratios:
+          median [min..max] of runs; the columns: docs/performance.md"""
 
 
 @dataclass
@@ -89,50 +50,19 @@ class LockstepRun:
     partners: dict[str, list[float]]  # plain GELU ("tanh", "none") -> that loop's step seconds
 
     def ratio(self, gelu: str, kind: str = "logged_s") -> float:
-        """Harness speed over the partner's: the partner's total seconds over the harness's,
-        over the same steps (the period has one span fewer: the last row follows the final
-        evaluation)."""
+        """The partner's total seconds over the harness's, over the same steps (the period has one
+        span fewer: the last row follows the final evaluation)."""
         own = getattr(self, kind)
         return sum(self.partners[gelu][: len(own)]) / sum(own)
 
 
-@dataclass
-class StepComparison:
-    model: str
-    n_layer: int
-    tokens_per_step: int
-    on: list[LockstepRun] = field(default_factory=list)  # every run's partners: tanh and erf
-    off: list[LockstepRun] = field(default_factory=list)
-    same_math: list[LockstepRun] = field(default_factory=list)  # probes on, act=gelu_erf
-    same_math_off: list[LockstepRun] = field(default_factory=list)  # probes off, act=gelu_erf: the loop alone
-
-    def tok_s(self, runs: list[LockstepRun], partner: str | None = None) -> float:
-        """Tokens/s of the median run: the harness's, or its partner's."""
-        steps = [r.partners[partner] if partner else r.logged_s for r in runs]
-        return statistics.median(self.tokens_per_step * len(s) / sum(s) for s in steps)
-
-    @staticmethod
-    def ratio(runs: list[LockstepRun], gelu: str, kind: str = "logged_s") -> Spread:
-        return Spread([r.ratio(gelu, kind) for r in runs])
-
-    @property
-    def probe_overhead(self) -> Spread:
-        """Extra step time with probes on versus off, each against its tanh partner, per repeat
-        (a fraction, not a ratio)."""
-        return Spread([off.ratio("tanh") / on.ratio("tanh") - 1 for on, off in zip(self.on, self.off)])
-
-
-def harness_options(model: str, layers: int | None, steps: int, probes: bool, threads: int, device: str,
-                    **extra) -> dict:
-    """The harness run the bench times. Options the harness may not have yet are set only
-    where it declares them, so the bench keeps working while the option table grows."""
-    options = {"model": model, "layers": layers, "steps": steps, "batch_size": BATCH, "lr": LR, "seed": SEED,
-               "schedule": "constant", "eval_every": steps, "eval_batches": 1, "checkpoint_every": steps,
-               "log_every": 1, "probes": probes, "device": device, "threads": threads, "kernels": "auto",
-               "grad_clip": GRAD_CLIP, **extra}  # both loops clip, as nanoGPT's does
-    if "final_eval_batches" in OPTION_NAMES:  # the run ends with one validation batch, as the plain loop has none
-        options["final_eval_batches"] = 1
-    return options
+def harness_options(model: str, layers: int | None, steps: int, probes: bool, threads: int, **extra) -> dict:
+    """The harness run the bench times: both loops clip, as nanoGPT's does; one validation batch
+    at the end, as the plain loop has none."""
+    return {"model": model, "layers": layers, "steps": steps, "batch_size": BATCH, "lr": LR, "seed": SEED,
+            "schedule": "constant", "eval_every": steps, "eval_batches": 1, "final_eval_batches": 1,
+            "checkpoint_every": steps, "log_every": 1, "probes": probes, "device": "cpu", "threads": threads,
+            "kernels": "auto", "grad_clip": GRAD_CLIP, **extra}
 
 
 def lockstep_run(options: dict, partners: dict[str, PlainLoop]) -> LockstepRun:
@@ -142,20 +72,16 @@ def lockstep_run(options: dict, partners: dict[str, PlainLoop]) -> LockstepRun:
     order = list(partners)
 
     def after_step():
-        spent = 0.0
         for g in order:
-            seconds = partners[g].step()
-            steps[g].append(seconds)
-            spent += seconds
+            steps[g].append(partners[g].step())
+        between.append(sum(steps[g][-1] for g in order))
         order.reverse()  # two partners take turns to go first
-        between.append(spent)
 
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "cell"
         train(Cell.from_options(options), run_dir, after_step=after_step)
         rows = [json.loads(line) for line in (run_dir / METRICS).read_text().splitlines()]
-    tokens_per_step = rows[0]["tokens"]
-    logged = [tokens_per_step / r["tokens_per_s"] for r in rows[SKIP:]]
+    logged = [rows[0]["tokens"] / r["tokens_per_s"] for r in rows[SKIP:]]  # tokens: so far, a step at row 0
     # Row i's time_s is written before step i's partners run; the last row's comes after the
     # final evaluation, so spans stop at the row before.
     times = [r["time_s"] for r in rows[SKIP - 1 : -1]]
@@ -163,33 +89,54 @@ def lockstep_run(options: dict, partners: dict[str, PlainLoop]) -> LockstepRun:
     return LockstepRun(logged, periods, {g: s[SKIP:] for g, s in steps.items()})
 
 
-def compare_steps(model: str = "tiny", layers: int | None = None, steps: int = 60, repeats: int = 5,
-                  threads: int | None = None, device: str = "cpu", probe_every: int | None = None) -> StepComparison:
-    """`probe_every`: the harness's stability-probe interval (None: its default)."""
-    if steps < SKIP + 3:
-        raise ValueError(f"steps must be at least {SKIP + 3}")
-    threads = threads or torch.get_num_threads()
+def compare_steps(model: str, layers: int | None, steps: int, repeats: int, threads: int,
+                  probe_every: int | None = None) -> dict[str, list[LockstepRun]]:
+    """RUNS' runs of each repeat, in a rotated order, each with both partners taking turns (so
+    that every harness step resumes after the same work)."""
     size = get_size(model).with_layers(layers)
     tokens = load_data(None, size.tokenizer, size.vocab_size).train[0]
-    result = StepComparison(model, size.n_layer, BATCH * size.context)
 
-    def plain(gelu: str) -> PlainLoop:
-        return PlainLoop(size, tokens, BATCH, LR, SEED, device, gelu=gelu)
+    def partners(gelus=("tanh", "none")) -> dict[str, PlainLoop]:
+        return {g: PlainLoop(size, tokens, BATCH, LR, SEED, gelu=g) for g in gelus}
 
-    # Every run has both partners, taking turns to go first, so that each harness step resumes
-    # after the same work (a run with fewer partners would find more of its data in cache).
-    kinds = {"on": ({}, True), "off": ({}, False), "same_math": (SAME_MATH, True), "same_math_off": (SAME_MATH, False)}
-    outer = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        lockstep_run(harness_options(model, layers, SKIP + 3, True, threads, device), {"none": plain("none")})  # warm-up
-        names = list(kinds)
-        for r in range(repeats):
-            for kind in names[r % len(names):] + names[: r % len(names)]:  # rotate which goes first
-                extra, probes = kinds[kind]
-                extra = {**extra, **({"probe_every": probe_every} if probe_every else {})}
-                options = harness_options(model, layers, steps, probes, threads, device, **extra)
-                getattr(result, kind).append(lockstep_run(options, {g: plain(g) for g in ("tanh", "none")}))
-    finally:
-        torch.set_num_threads(outer)
-    return result
+    lockstep_run(harness_options(model, layers, SKIP + 3, True, threads), partners(["none"]))  # warm-up
+    runs: dict[str, list[LockstepRun]] = {kind: [] for kind in RUNS}
+    extra = {"probe_every": probe_every} if probe_every else {}
+    for r in range(repeats):
+        for kind in [*RUNS][r % len(RUNS):] + [*RUNS][: r % len(RUNS)]:
+            options = harness_options(model, layers, steps, RUNS[kind][1], threads, **RUNS[kind][0], **extra)
+            runs[kind].append(lockstep_run(options, partners()))
+    return runs
+
+
+def report(models: list[str], layers: int | None, steps: int, repeats: int, threads: int,
+           probe_every: int | None = None):
+    """The step table, then the FLOP/s table against the peak measured before and after it (the
+    better of the two per shape: one measurement can land in a slow moment): lines as measured."""
+    from ablate.bench import flops
+
+    default = OPTIONS["probe_every"].default
+    yield WHAT_IS_TIMED.format(probe_every=probe_every or default, default=default, steps=steps, batch=BATCH,
+                               skip=SKIP, repeats=repeats) + "\n"
+    yield header("model", "blocks", "plain tanh tok/s", "harness on tok/s", "on / plain, same GELU (tanh)",
+                 "same, period", "gelu_erf on / plain erf", "gelu_erf off / plain erf",
+                 "default block / nanoGPT as is (erf)", "probes off tok/s", "probe overhead")
+    sizes = {model: get_size(model).with_layers(layers) for model in models}
+    peaks = {model: flops.measure_peak(size, BATCH * size.context) for model, size in sizes.items()}
+    speeds = {}
+    for model, size in sizes.items():
+        runs = compare_steps(model, layers, steps, repeats, threads, probe_every)
+
+        def tok_s(kind: str, partner: str | None = None) -> float:
+            return statistics.median(BATCH * size.context * len(s) / sum(s)
+                                     for s in (r.partners[partner] if partner else r.logged_s for r in runs[kind]))
+
+        def ratios(kind: str, gelu: str, of: str = "logged_s") -> str:
+            return spread([r.ratio(gelu, of) for r in runs[kind]], ".3f", "x")
+
+        overhead = [off.ratio("tanh") / on.ratio("tanh") - 1 for on, off in zip(runs["on"], runs["off"])]
+        speeds[model] = tok_s("on", "tanh"), tok_s("on")
+        yield row(model, size.n_layer, f"{speeds[model][0]:,.0f}", f"{speeds[model][1]:,.0f}", ratios("on", "tanh"),
+                  ratios("on", "tanh", "period_s"), ratios("same_math", "none"), ratios("same_math_off", "none"),
+                  ratios("on", "none"), f"{tok_s('off'):,.0f}", spread(overhead, "+.1%"))
+    yield from flops.report(sizes, peaks, speeds, threads)

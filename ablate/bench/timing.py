@@ -1,39 +1,89 @@
-"""The one timing loop every benchmark and the time estimate use."""
+"""The one timing loop every benchmark and the time estimate use, the conditions it runs under
+(torch threads, subnormals), and how its figures are printed."""
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from typing import Callable
 
 
-def time_calls(fn: Callable[[], object], repeats: int, warmup: int = 1, calls: int = 1,
-               sync: Callable[[], object] = lambda: None) -> list[float]:
+WALL_CLOCK = (time.perf_counter, lambda start, end: end - start)  # (mark, seconds between two marks)
+
+
+def cuda_events():
+    """WALL_CLOCK's kind on the GPU's own timeline: the host's Python between calls is not counted."""
+    import torch
+
+    def mark():
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def between(start, end):
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+
+    return mark, between
+
+
+def time_calls(fn: Callable[[], object], repeats: int, warmup: int = 1, calls: int = 1, clock=None,
+               before: Callable[[], object] = lambda: None) -> list[float]:
     """Seconds a call of `fn`, one sample per repeat (each the mean of `calls` calls), after
-    `warmup` untimed calls. `sync` waits for queued work (torch.cuda.synchronize on a GPU)."""
+    `warmup` untimed calls; `before()` runs untimed ahead of each repeat (a cache flush)."""
+    mark, between = clock or WALL_CLOCK
     for _ in range(warmup):
         fn()
-    sync()
-    samples = []
+    marks = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        before()
+        start = mark()
         for _ in range(calls):
             fn()
-        sync()
-        samples.append((time.perf_counter() - start) / calls)
-    return samples
+        marks.append((start, mark()))
+    return [between(start, end) / calls for start, end in marks]
 
 
-def interleaved(fns: dict[str, Callable[[], object]], rounds: int, repeats: int = 1, warmup: int = 1,
-                calls: int = 1) -> dict[str, list[float]]:
-    """Each of `fns` timed in turn, round after round (time_calls), so a machine whose speed
-    drifts slows them all alike: name -> one sample (the round's mean) per round."""
-    samples: dict[str, list[float]] = {name: [] for name in fns}
+def once(fn: Callable[[], object]) -> float:
+    """Seconds of one call of `fn`, no warm-up (a step, a process)."""
+    return time_calls(fn, 1, warmup=0)[0]
+
+
+def interleaved(fns: dict, rounds: int, repeats: int = 1, warmup: int = 1, calls: int = 1) -> dict[object, list[float]]:
+    """Each of `fns` timed in turn, round after round, so a machine whose speed drifts slows
+    them all alike: name -> one sample (the round's mean) per round."""
+    samples: dict = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
             samples[name].append(statistics.fmean(time_calls(fn, repeats, warmup, calls)))
     return samples
 
 
-def spread(values: list[float]) -> str:
+@contextlib.contextmanager
+def threads(n: int):
+    """Run at `n` torch threads; the caller's threads and subnormal setting restored after."""
+    import torch
+
+    from ablate import fpmode
+
+    outer = torch.get_num_threads(), fpmode.main_thread_flushing()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(outer[0])
+        fpmode.set_flush_denormal(outer[1])
+
+
+def spread(values: list[float], form: str = ".3g", unit: str = "") -> str:
     """'MEDIAN [MIN..MAX]' of ratios or times, as every bench prints them."""
-    return f"{statistics.median(values):.3g} [{min(values):.3g}..{max(values):.3g}]"
+    return f"{statistics.median(values):{form}}{unit} [{min(values):{form}}..{max(values):{form}}]"
+
+
+def header(*names: str) -> str:
+    """A markdown table's first two lines."""
+    return row(*names) + "\n|" + "---|" * len(names)
+
+
+def row(*cells) -> str:
+    return "| " + " | ".join(map(str, cells)) + " |"

@@ -160,8 +160,7 @@ def _bench(args, device) -> int:
         if bad:
             raise ConfigError(f"unknown op {bad[0]!r}; valid: {', '.join(known)}")
         cases = [c for c in cases if c.op in wanted]
-    timer = bench.Timer(device, repeats=args.repeats)
-    copy_bw = bench.copy_bandwidth(device, timer=timer)
+    copy_bw = bench.copy_bandwidth(device, bench.timer(device, args.repeats))
     gpu = torch.cuda.get_device_name(torch.device(device)) if on_gpu else "CPU"
     print(f"ablate kernels bench on {device} ({gpu}), rows {rows}, median of {args.repeats}", flush=True)
     print(bench.format_header(copy_bw), flush=True)
