@@ -7,9 +7,10 @@ import torch
 
 import ablate.train as T
 from ablate.cell import Cell
-from ablate.errors import ConfigError
-from interrupting import interrupted_at
 from ablate.cli import main
+from ablate.errors import ConfigError
+
+from tests.helpers.interrupting import interrupted_at
 
 OPTIONS = {"layers": 2, "steps": 6, "checkpoint_every": 3, "probes": False, "eval_batches": 1,
            "final_eval_batches": 1}

@@ -71,7 +71,7 @@ def test_a_run_directory_from_before_the_schema_still_resumes_and_reports(tmp_pa
     """An old config.json (no identity_keys, plugins, model.init, and none of the new options in
     `train`) of an interrupted run: the same command resumes it to the uninterrupted metrics."""
     import ablate.train as T
-    from interrupting import interrupted_at
+    from tests.helpers.interrupting import interrupted_at
     from ablate.analysis.load import load_runs
     from ablate.cell import Cell
 

@@ -10,7 +10,8 @@ import pytest
 from ablate import ladder_rungs as ladder
 from ablate.analysis import ladder_report as L
 from ablate.cli import main
-from tests.synthetic_runs import write_grid, write_run
+
+from tests.helpers.synthetic_runs import write_grid, write_run
 
 TWO_ARMS = """
 name = "mini"

@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers.repo import REPO
+
 PACKAGE = REPO / "ablate"
 
 # What analysis may import of the engine: the run folder's contract (ablate/rundir.py, standard

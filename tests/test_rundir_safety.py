@@ -11,12 +11,11 @@ import textwrap
 import pytest
 
 from ablate.cli import main
-from cli_lines import BASE, CELL, one_line
 from ablate.rundir import CellLock
 from ablate.rundir import remove_stale_temporaries, replace_atomic
 from ablate.rundir import write_json_atomic
 
-
+from tests.helpers.cli_lines import BASE, CELL, one_line
 
 
 def test_a_symlinked_lock_or_temporary_never_clobbers_its_target(tmp_path, capsys):
