@@ -8,10 +8,12 @@ import pytest
 import ablate.train as T
 from ablate import cell as cell_module
 from ablate.cell import Cell, CellOutcome, CellResources, check_id_fits, run_cell
+from ablate.cli import main
 from ablate.errors import ConfigError
 from ablate.kernels import cpu_attention, cpu_gelu
 from ablate.rundir import CONFIG, FAILED, METRICS, SUMMARY, status, write_json_atomic
 
+from tests.helpers.cli_lines import BASE, CELL
 from tests.helpers.interrupting import interrupted_at
 
 OPTIONS = {"layers": 2, "steps": 6, "checkpoint_every": 3, "probes": False, "eval_batches": 1,
@@ -20,6 +22,10 @@ OPTIONS = {"layers": 2, "steps": 6, "checkpoint_every": 3, "probes": False, "eva
 
 def steps_logged(run_dir):
     return [json.loads(line)["step"] for line in (run_dir / METRICS).read_text().splitlines()]
+
+
+def summary(run_dir) -> dict:
+    return json.loads((run_dir / SUMMARY).read_text())
 
 
 def interrupted(tmp_path, monkeypatch, at=2):
@@ -102,6 +108,29 @@ def test_a_failed_cell_is_recorded_then_tried_again_and_its_record_kept(tmp_path
     again = run_cell(cell, tmp_path)
     assert again.outcome == "trained" and again.summary["status"] == "completed"
     assert json.loads((run_dir / "summary.failed-0.json").read_text())["attempts"] == 2
+
+
+def test_a_failed_run_is_tried_again_on_rerun_and_its_rerun_never_exits_0(tmp_path, capsys, monkeypatch):
+    real = T.train
+    monkeypatch.setattr(T, "train", lambda *a, **k: (_ for _ in ()).throw(MemoryError("injected")))
+    args = [*BASE, "--out", str(tmp_path)]
+    run_dir = tmp_path / CELL
+    assert main(args) == 1
+    assert summary(run_dir)["status"] == "failed"
+    capsys.readouterr()
+    assert main(args) == 1  # was: "already finished (failed); nothing to do", exit 0
+    err = capsys.readouterr().err
+    assert "failed before (MemoryError: injected); trying again" in err and "failed: MemoryError" in err
+    assert summary(run_dir)["attempts"] == 2
+    monkeypatch.setattr(T, "train", real)
+    assert main(args) == 0
+    assert summary(run_dir)["status"] == "completed"
+    # Nothing of the failed attempts is lost.
+    assert sorted(p.name for p in run_dir.glob("error-attempt*")) == ["error-attempt0.txt", "error-attempt1.txt"]
+    assert all("MemoryError: injected" in p.read_text() for p in run_dir.glob("error-attempt*"))
+    assert [json.loads((run_dir / f"summary.failed-{k}.json").read_text())["attempts"] for k in (0, 1)] == [1, 2]
+    capsys.readouterr()
+    assert main(args) == 0 and "already finished (completed)" in capsys.readouterr().out  # completed: never again
 
 
 def test_an_older_run_folder_still_resumes(tmp_path, monkeypatch):
