@@ -1,5 +1,7 @@
 """ablate.grid.state: a grid folder's state read from its run folders alone: each cell's
-status (ablate.rundir.status), grid.json re-derived from them, and which cells to dispatch."""
+status (ablate.rundir.status), grid.json re-derived from them (an update re-derives only what
+changed, and its counts never go back with two grid processes on one folder), and which cells to
+dispatch."""
 import json
 import subprocess
 import sys
@@ -10,6 +12,7 @@ import pytest
 from ablate.cell import Cell
 from ablate.errors import ConfigError
 from ablate.grid import state as grid_state
+from ablate.grid.spec import load_grid
 from ablate.rundir import CONFIG, GRID_JSON, METRICS, SUMMARY, write_json_atomic
 
 from tests.helpers.repo import REPO
@@ -65,6 +68,43 @@ def test_grid_json_counts_what_the_folders_say_and_the_incremental_writer_agrees
     kept = grid_state.GridJson(folder, record(list(STATES)))
     head = kept.write()
     assert head["counts"] == written["counts"] and kept.state()["cells"] == written["cells"]
+
+
+def test_grid_json_updates_rederive_only_the_cells_that_changed(tmp_path, monkeypatch):
+    path = tmp_path / "g.toml"
+    path.write_text("[axes]\nseed = %s\n" % list(range(300)))
+    grid, out = load_grid(path), tmp_path / "out"
+    grid_json = grid_state.GridJson(out, grid.record())
+    grid_json.write()
+    derived = []
+    real = grid_state.cell_status
+    monkeypatch.setattr(grid_state, "cell_status", lambda root, cid: derived.append(cid) or real(root, cid))
+    done = grid.cells[7].id
+    (out / done).mkdir()
+    write_json_atomic(out / done / "summary.json", {"status": "completed"})
+    grid_json.write({done})
+    assert derived == [done]
+    state = json.loads((out / "grid.json").read_text())
+    assert state["counts"] == {"pending": 299, "completed": 1}
+    assert [c["id"] for c in state["cells"]] == [c.id for c in grid.cells]
+    assert state["cells"][7] == {"id": done, "group": grid.cells[7].group, "status": "completed",
+                                 "options": grid.cells[7].options}
+    assert state == {**grid_state.write_grid_json(out, grid.record()), "updated": state["updated"]}
+
+
+def test_grid_json_counts_never_go_back_with_two_grid_processes_on_one_folder(tmp_path):
+    cells = record([f"c{i}" for i in range(3)])
+    a, b = grid_state.GridJson(tmp_path, cells), grid_state.GridJson(tmp_path, cells)  # one per grid process
+    a.write(), b.write()
+    seen = []
+    for i, writer in ((0, b), (1, a), (2, b)):  # each process finishes a cell in turn
+        (tmp_path / f"c{i}").mkdir()
+        (tmp_path / f"c{i}" / "summary.json").write_text(json.dumps({"status": "completed"}))
+        writer.write([f"c{i}"])
+        seen.append(json.loads((tmp_path / "grid.json").read_text())["counts"].get("completed", 0))
+        (a if writer is b else b).write(["c2"])  # the other process reports on a cell of its own
+        seen.append(json.loads((tmp_path / "grid.json").read_text())["counts"].get("completed", 0))
+    assert seen == sorted(seen) and seen[-1] == 3, seen
 
 
 def test_finished_cells_are_not_dispatched_and_busy_ones_go_last(tmp_path):
