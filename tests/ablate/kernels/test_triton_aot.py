@@ -64,7 +64,6 @@ import json, sys
 import triton
 import triton.language as tl
 from ablate.kernels.triton_aot import Launch, compile_launch
-from tests.helpers.repo import REPO
 
 @triton.jit
 def fill(X, BLOCK: tl.constexpr):
