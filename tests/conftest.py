@@ -65,11 +65,16 @@ def text_file(tmp_path):
 
 
 # The costliest modules first (each over 30 s alone on 2 cores): with whole modules per test
-# process, a long one picked up last would leave the other process idle at the end.
-COSTLY_FIRST = ("test_ladder.py", "test_kernels.py", "test_commands_grid.py", "test_cluster_slurm.py",
-                "test_grids.py", "test_train.py", "test_triton_aot.py", "test_config_schema.py", "test_plugins.py")
+# process, a long one picked up last would leave the other process idle at the end. Paths as in
+# the test ids, from the repository root.
+COSTLY_FIRST = ("tests/ablate/commands/test_ladder.py", "tests/ablate/kernels/test_parity.py",
+                "tests/ablate/commands/test_grid.py", "tests/ablate/backends/test_slurm_backend.py",
+                "tests/ablate/grid/test_spec.py", "tests/ablate/test_train.py",
+                "tests/ablate/kernels/test_triton_aot.py", "tests/ablate/test_config.py",
+                "tests/ablate/test_plugins.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
-    rank = {name: i for i, name in enumerate(COSTLY_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(COSTLY_FIRST)))  # stable: the rest as collected
+    rank = {path: i for i, path in enumerate(COSTLY_FIRST)}
+    # A stable sort: the rest stay as collected.
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(COSTLY_FIRST)))

@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from ablate.cli import main
-from cli_lines import BASE, CELL, one_line
+
+from tests.helpers.cli_lines import BASE, CELL, one_line
 
 
 def losses(run_dir: Path) -> list:

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from synthetic_runs import write_grid, write_run
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers.repo import REPO
+from tests.helpers.synthetic_runs import write_grid, write_run
+
 DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 SHELL_BLOCKS = {"sh", "bash", "shell"}   # every line a command; elsewhere only `$ ` lines are
 FENCE = re.compile(r"^\s*(`{3,}|~{3,})\s*([\w+-]*)")

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from ablate.cli import main
-from cli_lines import one_line
-from synthetic_runs import write_grid, write_run
+
+from tests.helpers.cli_lines import one_line
+from tests.helpers.synthetic_runs import write_grid, write_run
 
 TIMEOUT = 300  # a FIFO used to block the reader forever
 TRAIN = ["train", "--steps", "6", "--batch-size", "2", "--seq-len", "16", "--eval-batches", "1",

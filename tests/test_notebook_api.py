@@ -1,13 +1,14 @@
 """The notebook example of docs/results.md runs as written, on a synthetic prenorm-wins folder."""
 import re
-from pathlib import Path
 
 import pytest
-from synthetic_runs import write_grid, write_run
 
 import ablate.analysis
 
-PAGE = Path(__file__).resolve().parents[1] / "docs" / "results.md"
+from tests.helpers.repo import REPO
+from tests.helpers.synthetic_runs import write_grid, write_run
+
+PAGE = REPO / "docs" / "results.md"
 
 
 def notebook_example() -> str:

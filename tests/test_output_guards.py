@@ -14,7 +14,8 @@ import torch
 
 from ablate.analysis.baseline import resolve_baseline
 from ablate.analysis.load import load_runs
-from synthetic_runs import variant_axes, write_grid, write_run
+
+from tests.helpers.synthetic_runs import variant_axes, write_grid, write_run
 
 GRID = """name = "{name}"
 [base]

@@ -3,10 +3,8 @@ import shutil
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
 
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers.repo import REPO
 
 
 def test_a_normal_install_puts_nothing_named_variants_or_analysis_in_site_packages(tmp_path):

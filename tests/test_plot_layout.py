@@ -7,12 +7,13 @@ from types import SimpleNamespace
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
-from synthetic_runs import write_run
 
 from ablate.analysis.analyse import analyse
 from ablate.analysis.claim_measures import Context
 from ablate.analysis.claim_plots import PLOTS, claim_figure
 from ablate.analysis.report import make_plots
+
+from tests.helpers.synthetic_runs import write_run
 
 PRE, POST = "pre.layernorm.gelu.dense.res", "post.layernorm.gelu.dense.res"
 PAGE_PX, MIN_PX = 1600, 8  # a text under 8 px high at 1,600 px wide is not readable

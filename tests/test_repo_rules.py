@@ -1,7 +1,7 @@
 """Rules that hold across the whole repository, not of one module: the layering of the three
 folders (analysis/ reads run folders and never imports torch or the engine; the declarations it
-shares with the engine need only the standard library), and no module importing another's
-private names."""
+shares with the engine need only the standard library), no module importing another's
+private names, and tests that mirror the source tree."""
 import ast
 import json
 import re
@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers.repo import REPO
+
 PACKAGE = REPO / "ablate"
 
 # What analysis may import of the engine: the run folder's contract (ablate/rundir.py, standard
@@ -19,6 +20,10 @@ RUN_FOLDER_MODULES = ("ablate.rundir", "ablate.errors")
 # (ablate/registry.py: the one Registry; ablate/variant_axes.py: the variant axes, declared once;
 # ablate/cores.py: the cores this process may use; ablate/probe_registry.py: the probes, declared once).
 SHARED_DECLARATIONS = ("ablate.registry", "ablate.variant_axes", "ablate.cores", "ablate.probe_registry")
+# Each folder of tests/ that mirrors a source folder: tests/ablate/grid/test_runner.py tests
+# ablate/grid/runner.py. (The tests of several modules at once sit at the top of tests/.)
+MIRRORED = {"ablate": REPO / "ablate", "analysis": REPO / "analysis", "variants": REPO / "variants",
+            "helpers": REPO / "tests" / "helpers"}
 STANDARD_LIBRARY_ONLY = r"^(?:from|import) (?!__future__|dataclasses|typing|collections|os\b|ablate\.registry\b)"
 
 
@@ -30,6 +35,17 @@ def private_imports(root: Path) -> list[str]:
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ablate"):
                 offenders += [f"{path.relative_to(root)}: {node.module}.{a.name}" for a in node.names
                               if a.name.startswith("_") and a.name != "__version__"]
+    return offenders
+
+
+def unmirrored_tests(tests: Path, mirrored: dict[str, Path]) -> list[str]:
+    """Each test file in a mirroring folder of `tests` without the module its name says it tests."""
+    offenders = []
+    for folder, source in mirrored.items():
+        for path in sorted((tests / folder).rglob("test_*.py")):
+            module = source / path.parent.relative_to(tests / folder) / path.name.removeprefix("test_")
+            if not module.is_file():
+                offenders.append(f"{path.relative_to(tests)}: no {module.relative_to(source.parent)}")
     return offenders
 
 
@@ -71,7 +87,18 @@ def test_the_run_folder_module_needs_nothing_but_the_standard_library():
     assert out.stdout.strip() == "[]"
 
 
+def test_each_test_file_in_a_mirroring_folder_names_a_module_that_exists():
+    assert unmirrored_tests(REPO / "tests", MIRRORED) == []
+
+
 def test_the_rules_catch_what_they_forbid(tmp_path):
+    (tmp_path / "src" / "grid").mkdir(parents=True)
+    (tmp_path / "src" / "grid" / "runner.py").touch()
+    (tmp_path / "tests" / "src" / "grid").mkdir(parents=True)
+    for name in ("test_runner.py", "test_runer.py", "helper.py"):
+        (tmp_path / "tests" / "src" / "grid" / name).touch()
+    assert unmirrored_tests(tmp_path / "tests", {"src": tmp_path / "src"}) == \
+        ["src/grid/test_runer.py: no src/grid/runer.py"]
     (tmp_path / "a.py").write_text("from ablate.train import _secret, public\nfrom os import _exit\n")
     assert private_imports(tmp_path) == ["a.py: ablate.train._secret"]
     assert re.findall(STANDARD_LIBRARY_ONLY, "import numpy as np\nimport os\nfrom typing import Any\n", re.M) == ["import "]

@@ -1,5 +1,5 @@
 // A CPU emulation of the CUDA programming model, just enough to run ablate's kernels (and
-// their host-side launchers) on a machine without a GPU: tests/test_kernels.py compiles the .cu
+// their host-side launchers) on a machine without a GPU: tests/ablate/kernels/test_parity.py compiles the .cu
 // files as C++ against this directory (it shadows the real cuda_runtime.h and cuda_bf16.h), after
 // rewriting each `kernel<<<grid, block, smem, stream>>>(args)` into `emu::launch(...)`.
 //

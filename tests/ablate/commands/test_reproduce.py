@@ -1,0 +1,355 @@
+"""`ablate reproduce` designs beyond the grid's own: `--seeds N` (a fixed design of N seeds),
+`--decide [--budget]` (looks of more seeds until each clause is decided, ablate/claim/looks.py),
+and the grid's execution flags (--backend, --workers, the cluster options)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ablate.claim.design import parse_budget, seed_sequence
+from ablate.cli import main
+from ablate.errors import ConfigError
+
+from tests.helpers.cluster_helpers import engine_missing, one_ray_at_a_time, wait_until
+from tests.helpers.decide_double import DECIDED_AT, decide_double, report_double
+from tests.helpers.repo import REPO
+
+
+# A miniature claim: three activations, the clause reads two of them (silu is read by no clause,
+# so a look never adds its seeds); one-block tiny models of 8 steps: a cell takes about a second,
+# so a look of 6 cells lasts seconds after its first cell starts (the kill below lands in it).
+MINI_GRID = """
+name = "mini-decide"
+[base]
+model = "tiny"
+layers = 1
+steps = 8
+eval_every = 4
+eval_batches = 1
+final_eval_batches = 1
+warmup = 0
+batch_size = 2
+probes = false
+threads = 1
+[axes]
+act = ["gelu", "relu", "silu"]
+seed = [0, 1, 2]
+"""
+MINI_CLAIM = """
+name = "mini-decide"
+statement = "GELU trains to a lower loss than ReLU."
+source = "a test"
+grid = "{grid}"
+[[clause]]
+label = "gelu below relu"
+sentence = "GELU trains to a lower loss than ReLU."
+[[clause.compare]]
+measure = "final_val_loss"
+a = {{ act = "gelu" }}
+b = {{ act = "relu" }}
+expect = "lower"
+effect = 0.01
+"""
+
+
+def mini_claim(tmp_path) -> Path:
+    grid = tmp_path / "mini.toml"
+    grid.write_text(textwrap.dedent(MINI_GRID))
+    claim = tmp_path / "claim.toml"
+    claim.write_text(textwrap.dedent(MINI_CLAIM.format(grid=grid)))
+    return claim
+
+
+def cell_ids(folder: Path) -> set:
+    return {p.name for p in folder.iterdir() if (p / "config.json").is_file()}
+
+
+def seeds_of(ids, act: str) -> list:
+    return sorted(int(i.rsplit("=", 1)[1]) for i in ids if f".{act}." in i)
+
+
+# ---------------------------------------------------------------------------- arguments
+
+
+@pytest.mark.parametrize("text, seconds", [("30m", 1800), ("90s", 90), ("1h", 3600), ("1.5h", 5400), (" 2m ", 120)])
+def test_a_budget_reads_as_a_duration(text, seconds):
+    assert parse_budget(text) == seconds
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--decide", "--budget", "30"], "--budget '30' is not a duration; valid: a positive number with a unit s, m or h"),
+    (["--decide", "--budget", "0m"], "--budget '0m' is not a duration"),
+    (["--decide", "--budget=-5m"], "--budget '-5m' is not a duration"),
+    (["--decide", "--budget", "ten"], "--budget 'ten' is not a duration"),
+    (["--budget", "30m"], "--budget 30m is for --decide"),
+    (["--seeds", "1"], "--seeds '1' is not a number of seeds; valid: a whole number, at least 2"),
+    (["--seeds", "six"], "--seeds 'six' is not a number of seeds"),
+    (["--seeds=-3"], "--seeds '-3' is not a number of seeds"),
+    (["--seeds", "6", "--set", "seed=1"], "--set seed=1 and --seeds 6 contradict each other"),
+    (["--decide", "--set", "seed=1"], "--set seed=1 and --decide contradict each other"),
+    (["--backend", "ray", "--workers", "2"], "--workers is for --backend local"),
+])
+def test_bad_design_and_execution_values_are_one_line_and_exit_2(tmp_path, capsys, argv, message):
+    out = tmp_path / "out"
+    assert main(["reproduce", "prenorm-wins", "--out", str(out), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_seeds_extend_the_grid_s_own_after_the_largest():
+    assert seed_sequence([0, 1, 2], 6) == [0, 1, 2, 3, 4, 5]
+    assert seed_sequence([0, 1, 2, 3, 4], 3) == [0, 1, 2]
+    assert seed_sequence([3, 7], 4) == [3, 7, 8, 9]
+
+
+def test_a_dry_run_of_six_seeds_lists_six_seeds_of_every_cell_and_writes_nothing(tmp_path, capsys):
+    from ablate.grid.spec import load_grid
+
+    out = tmp_path / "pw"
+    assert main(["reproduce", "prenorm-wins", "--seeds", "6", "--dry-run", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    own = load_grid("claim-prenorm-wins")
+    listed = {line.split()[-1] for line in printed.splitlines() if line.startswith("  pending")}
+    assert len(listed) == 2 * len(own.cells) == 84
+    assert {c.id for c in own.cells} < listed  # seeds 0-2 are the quick run's own cells
+    assert {int(i.rsplit("=", 1)[1]) for i in listed} == set(range(6))
+    assert f"report and verdict -> {out / 'seeds-6'}" in printed
+    assert not out.exists()
+
+
+def test_a_dry_run_of_decide_lists_the_first_look_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "pw"
+    assert main(["reproduce", "prenorm-wins", "--decide", "--budget", "30m", "--dry-run", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert sum(line.startswith("  pending") for line in printed.splitlines()) == 42  # the grid's own design
+    assert "then looks add seeds only to the clauses still undecided" in printed and "30.0 min" in printed
+    assert f"-> {out / 'decide'}" in printed and not out.exists()
+
+
+def test_execution_flags_reach_the_grid_runner(tmp_path, monkeypatch, capsys):
+    import ablate.grid.runner as grid_runner
+
+    seen = []
+    monkeypatch.setattr(grid_runner, "run_grid", lambda grid, out, options=None, **_: seen.append(options) or 2)
+    argv = ["reproduce", "prenorm-wins", "--seeds", "4", "--out", str(tmp_path / "x"), "--quiet"]
+    assert main([*argv, "--backend", "slurm", "--slurm-cluster", "debug", "--partition", "p", "--time", "7",
+                 "--cpus-per-cell", "2", "--array-parallelism", "3", "--retries", "0", "--no-wait"]) == 2
+    assert main([*argv, "--backend", "ray", "--address", "auto", "--gpus-per-cell", "0.5"]) == 2
+    assert main([*argv, "--workers", "3"]) == 2
+    slurm, ray, local = seen
+    assert (slurm.backend, slurm.slurm_cluster, slurm.partition, slurm.time, slurm.cpus_per_cell,
+            slurm.array_parallelism, slurm.retries, slurm.no_wait, slurm.workers) == \
+        ("slurm", "debug", "p", 7, 2.0, 3, 0, True, None)
+    assert (ray.backend, ray.address, ray.gpus_per_cell, ray.workers) == ("ray", "auto", 0.5, None)
+    assert (local.backend, local.workers, local.quiet) == ("local", 3, True)
+
+
+def test_ladder_takes_a_cluster_backend_without_local_workers(capsys):
+    # `ladder` set its local --workers default whatever the backend, and ray/slurm refuse --workers
+    assert main(["ladder", "gelu-vs-relu", "--backend", "ray", "--dry-run"]) == 0
+    assert "total: about" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------- a fixed design
+
+
+@pytest.mark.slow
+def test_a_larger_design_reuses_the_quick_cells_and_writes_its_own_verdict(tmp_path, capsys):
+    claim, cells = mini_claim(tmp_path), tmp_path / "cells"
+    common = ["--out", str(cells), "--workers", "0", "--quiet"]
+    assert main(["reproduce", str(claim), *common]) == 0
+    quick = json.loads((cells / "verdict.json").read_text())
+    trained = {i: (cells / i / "summary.json").stat().st_mtime_ns for i in cell_ids(cells)}
+    assert main(["reproduce", str(claim), "--seeds", "4", *common]) == 0
+    assert len(cell_ids(cells)) == 12 and seeds_of(cell_ids(cells), "silu") == [0, 1, 2, 3]
+    assert all((cells / i / "summary.json").stat().st_mtime_ns == t for i, t in trained.items())  # not retrained
+    four = json.loads((cells / "seeds-4" / "verdict.json").read_text())
+    assert four["clauses"][0]["results"][0]["seeds"] == [0, 1, 2, 3]
+    assert (cells / "seeds-4" / "report.md").is_file()
+    # the quick design still reads its own three seeds, with the fourth on disk beside them
+    assert main(["reproduce", str(claim), *common]) == 0
+    again = json.loads((cells / "verdict.json").read_text())
+    assert again["clauses"][0]["results"][0]["seeds"] == [0, 1, 2] and again == quick
+
+
+# ----------------------------------------------------------------- --decide, with a double
+
+
+def _options(**kw):
+    from ablate.grid.runner import GridRunOptions
+
+    return GridRunOptions(**{"workers": 0 if kw.get("backend", "local") == "local" else None, "quiet": True, **kw})
+
+
+def _request(options=None, **kw):
+    from ablate.commands.reproduce import Request
+
+    return Request("cpu", {}, options or _options(), decide=True, **kw)
+
+
+def _decide(tmp_path, **kw):
+    from ablate.claim.looks import run_decide
+    from ablate.commands.reproduce import find_claim
+
+    cells = tmp_path / "cells"
+    status, decision = run_decide(find_claim(str(mini_claim(tmp_path))), cells, _request(**kw),
+                                  decide_fn=decide_double, report_fn=report_double)
+    return status, decision, cells
+
+
+@pytest.mark.slow
+def test_decide_adds_seeds_only_to_the_cells_an_undecided_clause_reads_and_stops(tmp_path, capsys):
+    # decide_double (tests/helpers/decide_double.py) is a stand-in for analysis.sequential.decide_claim:
+    # undecided at the grid's 3 seeds, decided once 6 are in; what is tested is the runner.
+    status, decision, cells = _decide(tmp_path)
+    assert status == 0 and decision.done
+    ids = cell_ids(cells)
+    assert seeds_of(ids, "gelu") == seeds_of(ids, "relu") == list(range(DECIDED_AT))
+    assert seeds_of(ids, "silu") == [0, 1, 2]  # read by no clause: no look adds to it
+    verdict = json.loads((cells / "decide" / "verdict.json").read_text())
+    assert verdict["stopped"] == "every clause decided"
+    assert [look[0] for look in verdict["clauses"][0]["looks"]] == [3, 6]
+    record = json.loads((cells / "decide" / "decide.json").read_text())
+    assert len(record["looks"]) == 2 and len(record["looks"][1]) == 2 * DECIDED_AT
+    printed = capsys.readouterr().out
+    assert "look 2 (6 cells to train), 12 cells in all" in printed
+    assert "mini-decide: agrees (double); stopped: every clause decided" in printed
+    assert "(a) gelu below relu: **agrees** (3 seeds: " in printed
+    assert not (cells / "verdict.json").exists()  # the quick design's verdict is not the decision's
+
+
+@pytest.mark.slow
+def test_a_look_that_does_not_fit_the_budget_is_not_started(tmp_path, monkeypatch, capsys):
+    import ablate.commands.reproduce as reproduce
+
+    estimates = []
+
+    def look_seconds(grid, req):  # the one place a look's time is estimated: 1 s a cell of seeds 0-2, else 10 s
+        estimates.append(sorted(c.id for c in grid.cells))
+        return float(sum(1 if c.id.endswith(("=0", "=1", "=2")) else 10 for c in grid.cells))
+
+    monkeypatch.setattr(reproduce, "look_seconds", look_seconds)
+    with pytest.raises(ConfigError, match=r"^--budget: look 1 \(9 cells to train\), about 9s, does not fit in the "
+                                           r"7s left of 7s; nothing was run"):
+        _decide(tmp_path, budget=7.4)  # look 1: 9 cells, 9 s: does not fit
+    assert not (tmp_path / "cells").exists() and len(estimates) == 1 and len(estimates[0]) == 9
+    status, decision, cells = _decide(tmp_path, budget=30.0)  # look 1 fits (9 s); look 2's 6 cells (60 s) do not
+    assert status == 0 and not decision.done and estimates[-1] == sorted(
+        i for i in {f"pre.layernorm.{a}.dense.res__seed={s}" for a in ("gelu", "relu") for s in (3, 4, 5)})
+    verdict = json.loads((cells / "decide" / "verdict.json").read_text())
+    assert verdict["stopped"].startswith("budget: look 2 (6 cells to train), about 1m00s, does not fit in the ")
+    assert seeds_of(cell_ids(cells), "gelu") == [0, 1, 2]
+
+
+def test_a_record_of_another_design_is_set_aside_not_trusted(tmp_path):
+    from ablate.claim.looks import LookLog
+
+    key = {"claim": "c", "scale": "cpu", "overrides": {}}
+    path = tmp_path / "decide.json"
+    LookLog(key, [["a", "b"]], 12.0).write(path)
+    log, note = LookLog.load(path, key)
+    assert (log.looks, log.seconds, note) == ([["a", "b"]], 12.0, "")
+    log, note = LookLog.load(path, {**key, "scale": "gpu"})
+    assert (log.looks, log.seconds) == ([], 0.0) and "set aside" in note
+    path.write_text('{"version": 1, "key": ')
+    assert LookLog.load(path, key)[0].looks == [] and "damaged" in LookLog.load(path, key)[1]
+
+
+# ------------------------------------------- the real decision, end to end; kill -9 and rerun
+
+
+def _decide_process(claim: Path, cells: Path, *flags) -> subprocess.Popen:
+    # `ablate reproduce --decide` (analysis.sequential deciding); --workers 0 unless flags say
+    # otherwise: a kill lands on the process that trains, decides and writes alike.
+    flags = flags or ("--workers", "0")
+    return subprocess.Popen([sys.executable, str(REPO / "tests" / "helpers" / "reproduce_process.py"), "reproduce", str(claim), "--decide",
+                             "--out", str(cells), "--quiet", *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+@pytest.mark.slow
+def test_decide_adds_looks_stops_and_killed_9_mid_look_reruns_to_the_same_verdict(tmp_path):
+    from ablate.analysis.sequential import LOOKS
+
+    claim = mini_claim(tmp_path)
+    whole = _decide_process(claim, tmp_path / "whole")
+    text = whole.communicate(timeout=900)[0]
+    assert whole.returncode == 0, text
+    verdict = json.loads((tmp_path / "whole" / "decide" / "verdict.json").read_text())
+    (clause,) = verdict["clauses"]
+    looks = [look["seeds"] for look in clause["looks"]]
+    assert len(looks) >= 2 and looks == list(LOOKS[:len(looks)])  # looks were added, in the design's steps
+    assert verdict["stopped"] in ("every clause decided", "no look left") and verdict["done"]
+    assert seeds_of(cell_ids(tmp_path / "whole"), "gelu") == list(range(looks[-1]))
+    assert seeds_of(cell_ids(tmp_path / "whole"), "silu") == [0, 1, 2]  # read by no clause
+    assert "look 2 (" in text and f"stopped: {verdict['stopped']}" in text
+
+    cells = tmp_path / "cells"
+    proc = _decide_process(claim, cells)
+    second = cells / "pre.layernorm.gelu.dense.res__seed=3" / "config.json"  # the second look has begun
+    wait_until(lambda: second.exists() or proc.poll() is not None, 600, "the second look to begin", poll=0.05)
+    assert proc.poll() is None, proc.communicate()[0]
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (cells / "decide" / "verdict.json").exists()
+    assert len(json.loads((cells / "decide" / "decide.json").read_text())["looks"]) == 2  # look 2 was started
+    rerun = _decide_process(claim, cells)
+    text = rerun.communicate(timeout=900)[0]
+    assert rerun.returncode == 0, text
+    whole_verdict = tmp_path / "whole" / "decide" / "verdict.json"
+    assert (cells / "decide" / "verdict.json").read_bytes() == whole_verdict.read_bytes()
+    assert cell_ids(cells) == cell_ids(tmp_path / "whole")
+
+
+# ------------------------------------------------------------------- on cluster backends
+
+
+@pytest.mark.slow
+def test_decide_runs_its_looks_on_the_slurm_backend(tmp_path):
+    # submitit's in-process executor: the SLURM backend's submission and collection, no cluster
+    status, decision, cells = _decide(tmp_path, options=_options(backend="slurm", slurm_cluster="debug"))
+    assert status == 0 and decision.done
+    ids = cell_ids(cells)
+    assert seeds_of(ids, "gelu") == list(range(DECIDED_AT)) and seeds_of(ids, "silu") == [0, 1, 2]
+    assert json.loads((cells / "decide" / "verdict.json").read_text())["stopped"] == "every clause decided"
+
+
+def _ray_cluster_answers() -> bool:
+    pytest.importorskip("ray")
+    probe = "import ray; ray.init(address='auto', log_to_driver=False)"
+    try:
+        with one_ray_at_a_time():
+            return subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=60).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+@pytest.mark.slow
+def test_decide_runs_its_looks_on_a_running_ray_cluster(tmp_path):
+    if not _ray_cluster_answers():
+        engine_missing("no running Ray cluster (ray.init(address='auto') fails); start one with "
+                       "`ray start --head --num-cpus 2`")
+    claim = mini_claim(tmp_path)
+    with one_ray_at_a_time():
+        proc = _decide_process(claim, tmp_path / "cells", "--backend", "ray", "--address", "auto")
+        text = proc.communicate(timeout=900)[0]
+    assert proc.returncode == 0, text
+    assert "Ray (auto)" in text and seeds_of(cell_ids(tmp_path / "cells"), "relu")[:6] == list(range(6))
+
+
+def test_a_rerun_that_finds_earlier_looks_on_disk_names_the_look_the_decision_asks_for():
+    from types import SimpleNamespace
+
+    from ablate.analysis.sequential import LOOKS
+    from ablate.claim.looks import look_index
+
+    asks = lambda *seeds: SimpleNamespace(clauses=[SimpleNamespace(next_seeds=s) for s in seeds])  # noqa: E731
+    assert look_index(asks(tuple(range(LOOKS[2])), None), 1) == 2  # the third look, not the loop's second
+    assert look_index(asks(tuple(range(3, 3 + LOOKS[1]))), 5) == 1  # fresh seeds of a best-rate clause
+    assert look_index(asks(None, None), 4) == 4  # nothing asked: the loop's count

@@ -1,0 +1,150 @@
+"""A claim file is checked completely when it loads (analysis/claim_checks.py, called by
+analysis/claims.py load_claim; its selectors against its grid by ablate/claim/selectors.py): each hostile value below is refused in one line naming the
+file and the key, before any cell trains, and `ablate reproduce` on such a file exits 2."""
+import pytest
+
+from ablate.analysis.claims import ClaimError, load_claim
+from ablate.cli import main
+
+HEAD = """name = "hostile"
+statement = "GELU beats ReLU."
+source = "a test"
+grid = "{grid}"
+plot = "lr_curve"
+plot_params = {plot_params}
+"""
+
+CLAUSE = """
+[[clause]]
+label = "clause {i}"
+sentence = "GELU reaches a lower loss."
+
+[[clause.compare]]
+measure = "{measure}"
+a = {a}
+{b}
+expect = "{expect}"
+effect = {effect}
+{extra}
+"""
+
+
+def claim_text(grid="claim-gelu-vs-relu", plot_params='{ split = "act" }', clauses=1, measure="final_val_loss",
+               a='{ act = "gelu" }', b='b = { act = "relu" }', expect="lower", effect="0.02", extra=""):
+    return HEAD.format(grid=grid, plot_params=plot_params) + "".join(
+        CLAUSE.format(i=i, measure=measure, a=a, b=b, expect=expect, effect=effect, extra=extra)
+        for i in range(clauses))
+
+
+def refused(tmp_path, **kw) -> str:
+    """The one-line refusal of a claim file as the shipped claims load: the file's own checks
+    (load_claim), then its selectors against its grid (ablate/claim/selectors.py)."""
+    from ablate.claim.selectors import check_claim_against_its_grid
+
+    path = tmp_path / "hostile.toml"
+    path.write_text(claim_text(**kw))
+    with pytest.raises(ClaimError) as e:
+        check_claim_against_its_grid(load_claim(path), str(path))
+    message = str(e.value)
+    assert message.startswith(str(path)) and "\n" not in message
+    return message
+
+
+def test_the_plain_claim_loads(tmp_path):
+    path = tmp_path / "hostile.toml"
+    path.write_text(claim_text())
+    assert load_claim(path).name == "hostile"
+
+
+@pytest.mark.parametrize("than", ["nan", "2.0", "-0.5", "0.0", "1.0"])
+def test_a_rate_than_outside_0_1_is_refused(tmp_path, than):
+    message = refused(tmp_path, measure="diverged", b="", extra=f"than = {than}", expect="lower")
+    assert "than" in message and ("between 0 and 1" in message or "finite" in message)
+
+
+@pytest.mark.parametrize("key", ["margin", "effect"])
+@pytest.mark.parametrize("value", ["inf", "nan", "-inf"])
+def test_a_margin_or_effect_that_is_not_finite_is_refused(tmp_path, key, value):
+    if key == "margin":
+        message = refused(tmp_path, expect="not_higher", extra=f"margin = {value}")
+    else:
+        message = refused(tmp_path, effect=value)
+    assert key in message
+
+
+def test_nan_anywhere_in_the_numbers_is_refused(tmp_path):
+    message = refused(tmp_path, a='{ act = "gelu", lr = nan }')
+    assert "lr = nan" in message and "finite" in message
+
+
+def test_plot_params_that_are_not_a_table_are_refused(tmp_path):
+    message = refused(tmp_path, plot_params='"x"')
+    assert "plot_params = 'x' must be a table" in message
+
+
+def test_more_clauses_than_letters_are_refused(tmp_path):
+    message = refused(tmp_path, clauses=27)
+    assert "27 [[clause]]" in message and "at most 26" in message
+    path = tmp_path / "hostile.toml"
+    path.write_text(claim_text(clauses=26))
+    assert len(load_claim(path).clauses) == 26
+
+
+def test_an_unknown_measure_is_refused(tmp_path):
+    assert "measure 'nope' is not registered" in refused(tmp_path, measure="nope")
+
+
+def test_selectors_that_match_no_cell_are_refused(tmp_path):
+    assert "axis 'colour'" in refused(tmp_path, a='{ colour = "red" }')
+    assert "act = 'swish' matches no cell" in refused(tmp_path, a='{ act = ["gelu", "swish"] }')
+    assert "lr = 0.5 matches no cell" in refused(tmp_path, extra="at = { lr = 0.5 }")
+
+
+def test_a_missing_grid_is_refused(tmp_path):
+    message = refused(tmp_path, grid="no-such-grid")
+    assert "grid = 'no-such-grid'" in message and "claim-gelu-vs-relu" in message
+    assert "does not exist" in refused(tmp_path, grid=str(tmp_path / "gone.toml"))
+
+
+def test_reproduce_refuses_a_hostile_claim_file_with_exit_2(tmp_path, monkeypatch, capsys):
+    import ablate.commands.reproduce as reproduce
+
+    folder = tmp_path / "claims"
+    folder.mkdir()
+    (folder / "hostile.toml").write_text(claim_text(measure="diverged", b="", extra="than = 2.0"))
+    monkeypatch.setattr(reproduce, "claims_dir", lambda: folder)
+    import ablate.grid.runner
+
+    def train(*args, **kwargs):
+        raise AssertionError("a cell would train on a hostile claim")
+
+    monkeypatch.setattr(ablate.grid.runner, "run_grid", train)
+    out = tmp_path / "out"
+    assert main(["reproduce", "hostile", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "than = 2.0" in err[0] and "Traceback" not in err[0]
+    assert not out.exists()
+
+
+def test_every_shipped_claim_passes_its_checks():
+    from ablate.commands.reproduce import shipped_claims
+
+    assert len(shipped_claims()) >= 8
+
+
+def test_a_cell_without_a_readable_row_counts_missing_not_unlogged(tmp_path):
+    """identity-init's clause (b): one cell's step-0 row (its only row) unreadable is that seed
+    missing, not "the runs do not log block_change"."""
+    from ablate.analysis.verdict import evaluate
+    from tests.helpers.synthetic_runs import write_run
+    from tests.analysis.test_verdict import POST, PRE, add_metrics, claim_of, sentence
+
+    for s in range(3):
+        for variant, v in ((POST, 0.4), (PRE, 0.1)):
+            run = write_run(tmp_path, variant, s)
+            add_metrics(run, {0: {"block_change/layer_0": v, "block_change/layer_1": v}})
+            if variant == POST and s == 1:
+                (run.path / "metrics.jsonl").write_text('{"step": 0, "loss": \n')  # cut mid-row
+    r = evaluate(claim_of("block_change"), tmp_path).results[0]
+    assert "do not log" not in sentence(r)
+    assert r.n_pairs == 2 and len(r.missing["a"]) == 1

@@ -1,0 +1,210 @@
+"""The group-sequential decision (analysis/sequential.py) by simulation with known truth: seeded,
+numpy only, no training. Each test kind's false-decision rate under the null stays within alpha
+plus two Monte Carlo standard errors over 2,000 sequences of looks; its power under a stated
+alternative; futility at the effect of interest; graphical Holm across clauses; and the decision
+and the cells it asks for, rebuilt from synthetic run folders."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from ablate.analysis.claims import parse_claim
+from ablate.analysis.sequential import LOOKS, boundaries, clause_looks, decide_claim, nominal_levels, spent
+from ablate.analysis.stats import ONE_SIDED_ALPHA
+from ablate.analysis.verdict import AGREES, CANNOT_TELL, DISAGREES, Result
+
+from tests.helpers.synthetic_runs import write_run
+
+SEQUENCES = 2000
+ALPHA = ONE_SIDED_ALPHA
+PRE, POST = "pre.layernorm.gelu.dense.res", "post.layernorm.gelu.dense.res"
+
+
+def comparison(measure="final_val_loss", **kw):
+    entry = {"measure": measure, "a": {"norm": "post"}, "b": {"norm": "pre"}, "expect": "higher", "effect": 0.5, **kw}
+    if "than" in kw:
+        entry.pop("b")
+    if entry["effect"] is None:
+        entry.pop("effect")
+    return parse_claim({"name": "t", "statement": "s", "source": "x", "grid": "g",
+                        "clause": [{"sentence": "s", "label": "l", "compare": [entry]}]}).clauses[0].compare[0]
+
+
+def outcome_rates(c, draw, level=ALPHA, n=SEQUENCES):
+    """Share of simulated sequences (each LOOKS[-1] seeds' values, looked at LOOKS) ending in each outcome."""
+    counts = {AGREES: 0, DISAGREES: 0, CANNOT_TELL: 0}
+    for _ in range(n):
+        values = draw()
+        r = Result(c, "u", seed_values=tuple(values), seed_ids=tuple(range(len(values))))
+        counts[clause_looks([r], level)[-1].outcome] += 1
+    return {k: v / n for k, v in counts.items()}
+
+
+def ceiling(rate=ALPHA, n=SEQUENCES):
+    return rate + 2 * math.sqrt(rate * (1 - rate) / n)
+
+
+def test_the_boundaries_spend_alpha_as_lan_demets_obrien_fleming():
+    # Two equally spaced looks at one-sided 0.025: 2.963 and 1.969 (Jennison & Turnbull 2000, table 7.6)
+    assert boundaries((12, 24), 0.025) == pytest.approx((2.9626, 1.9686), abs=2e-3)
+    assert spent(1.0, ALPHA) == pytest.approx(ALPHA) and spent(0.5, ALPHA) < ALPHA / 10
+    levels = nominal_levels(ALPHA)
+    assert list(levels) == sorted(levels) and levels[-1] < ALPHA and levels[0] < 1e-5
+
+
+def test_the_t_test_over_seeds_holds_its_error_rate_under_the_null_and_has_power():
+    rng = np.random.default_rng(0)
+    c = comparison()
+    null = outcome_rates(c, lambda: rng.normal(0.0, 1.0, LOOKS[-1]))
+    assert null[AGREES] <= ceiling()
+    at_effect = outcome_rates(c, lambda: rng.normal(0.5, 1.0, LOOKS[-1]))  # the truth is the effect itself
+    assert at_effect[DISAGREES] <= ceiling()  # futility's error: "no effect as large as 0.5" when there is
+    alternative = outcome_rates(c, lambda: rng.normal(1.0, 1.0, LOOKS[-1]), n=500)  # 1 sd: stated alternative
+    assert alternative[AGREES] >= 0.8
+
+
+def test_non_inferiority_holds_its_error_rate_at_the_margin():
+    rng = np.random.default_rng(1)
+    c = comparison(expect="not_higher", margin=0.3, effect=None)
+    at_margin = outcome_rates(c, lambda: rng.normal(0.3, 1.0, LOOKS[-1]))  # worse by exactly the margin
+    assert at_margin[AGREES] <= ceiling()
+    equal = outcome_rates(c, lambda: rng.normal(-0.7, 1.0, LOOKS[-1]), n=500)  # 1 sd inside the margin
+    assert equal[AGREES] >= 0.8
+
+
+def _shares(rng, p, cells=6):
+    return rng.binomial(cells, p, LOOKS[-1]) / cells
+
+
+def test_the_sign_test_over_seeds_holds_its_error_rate_under_the_null_and_has_power():
+    rng = np.random.default_rng(2)
+    c = comparison("failed", effect=0.25)
+    # both arms fail 30% of their 6 cells a seed: the per-seed difference is symmetric about 0
+    null = outcome_rates(c, lambda: _shares(rng, 0.3) - _shares(rng, 0.3))
+    assert null[AGREES] <= ceiling()
+    # post fails 80% of its cells, pre 10%: every seed the claimed way, most of the time
+    alternative = outcome_rates(c, lambda: _shares(rng, 0.8) - _shares(rng, 0.1), n=500)
+    assert alternative[AGREES] >= 0.8
+
+
+def test_a_failure_rate_against_a_bound_holds_its_error_rate():
+    rng = np.random.default_rng(3)
+    c = comparison("failed", expect="lower", than=0.25, effect=0.25)
+    # per-seed share - 0.25 symmetric about 0: the median share is the bound itself
+    null = outcome_rates(c, lambda: rng.choice([-0.25, 0.25], LOOKS[-1]) * rng.uniform(0.1, 1, LOOKS[-1]))
+    assert null[AGREES] <= ceiling()
+    never = outcome_rates(c, lambda: _shares(rng, 0.02) - 0.25, n=300)
+    assert never[AGREES] >= 0.8
+
+
+def test_looking_at_every_look_beats_looking_once_with_the_same_error():
+    # The point of the spending: a naive test at alpha at every look would exceed alpha.
+    rng = np.random.default_rng(4)
+    c = comparison()
+    naive = 0
+    for _ in range(SEQUENCES):
+        d = rng.normal(0.0, 1.0, LOOKS[-1])
+        naive += any(Result(c, "u", seed_values=tuple(d[:n]), seed_ids=tuple(range(n))) and
+                     _one_look_agrees(c, d[:n]) for n in LOOKS)
+    assert naive / SEQUENCES > ceiling()  # why a sequential design is needed
+
+
+def _one_look_agrees(c, d):
+    from ablate.analysis.verdict import run_test
+
+    t = run_test(Result(c, "u", seed_values=tuple(d), seed_ids=tuple(range(len(d)))), ALPHA)
+    return t is not None and t.shown(ALPHA)
+
+
+def test_futility_is_decided_when_the_interval_excludes_the_effect():
+    c = comparison()
+    d = np.array([0.02, -0.03, 0.01, 0.0, -0.01, 0.03])  # about 0 with a small spread; effect 0.5
+    looks = clause_looks([Result(c, "u", seed_values=tuple(d), seed_ids=tuple(range(6)))], ALPHA)
+    assert [lk.n_seeds for lk in looks] == [3, 6] and looks[-1].outcome == DISAGREES
+    assert looks[-1].futility_statistic >= looks[-1].boundary
+
+
+# ------------------------------------------------------------------ from run folders, end to end
+
+
+def _failure_seed(root, seed, post_fails, pre_fails):
+    for lr in (1e-3, 1e-2):
+        write_run(root, POST, seed, losses=[4.0, 3.3], val_loss=3.35 if post_fails else 2.5, unigram_entropy=3.4,
+                  options={"lr": lr})
+        write_run(root, PRE, seed, losses=[4.0, 3.0], val_loss=3.35 if pre_fails else 2.5 + 0.01 * (seed % 3),
+                  unigram_entropy=3.4, options={"lr": lr})
+
+
+CLAIM = {"name": "t", "statement": "s", "source": "x", "grid": "g", "clause": [
+    {"sentence": "s0", "label": "post fails more", "compare": [
+        {"measure": "failed", "a": {"norm": "post"}, "b": {"norm": "pre"}, "expect": "higher", "effect": 0.25}]},
+    {"sentence": "s1", "label": "loss higher", "compare": [
+        {"measure": "final_val_loss", "a": {"norm": "post"}, "b": {"norm": "pre"}, "expect": "higher",
+         "effect": 0.05}]}]}
+
+
+def test_the_decision_asks_for_the_next_look_s_cells_then_stops(tmp_path):
+    claim = parse_claim(CLAIM)
+    for s in range(3):
+        _failure_seed(tmp_path, s, True, False)
+    first = decide_claim(claim, tmp_path)
+    assert not first.done and [c.status for c in first.clauses] == [CANNOT_TELL, CANNOT_TELL]
+    assert first.clauses[0].next_seeds == (0, 1, 2, 3, 4, 5)
+    assert {"norm": "post", "seed": [0, 1, 2, 3, 4, 5]} in first.next_cells
+    assert first.to_json()["clauses"][0]["looks"][0]["seeds"] == 3
+    for s in range(3, 12):
+        _failure_seed(tmp_path, s, True, False)
+    again = decide_claim(claim, tmp_path)
+    # 12 seeds, every one the claimed way on both clauses: decided, nothing more to run
+    assert again.done and [c.status for c in again.clauses] == [AGREES, AGREES] and not again.next_cells
+    assert again.headline == "agrees (2 of 2)"
+    assert [lk.n_seeds for lk in again.clauses[0].looks] == [3, 6, 12]
+    # rebuilt from the folders alone: the same decision every time, as plain JSON
+    assert decide_claim(claim, tmp_path).to_json() == again.to_json()
+    json.dumps(again.to_json(), allow_nan=False)
+
+
+def test_seeds_beyond_a_complete_look_wait_for_the_next_one(tmp_path):
+    claim = parse_claim(CLAIM)
+    for s in range(8):  # 8 seeds: looks at 3 and 6; seeds 6 and 7 wait for the look at 12
+        _failure_seed(tmp_path, s, True, False)
+    decision = decide_claim(claim, tmp_path)
+    assert [lk.n_seeds for lk in decision.clauses[0].looks] == [3, 6]
+    assert decision.clauses[0].next_seeds == tuple(range(12))
+
+
+def test_the_decision_report_shows_each_look_and_the_running_statistic(tmp_path):
+    from ablate.analysis.decision_report import write_decision_report
+
+    claim = parse_claim(CLAIM)
+    for s in range(12):
+        _failure_seed(tmp_path / "cells", s, True, False)
+    decision = decide_claim(claim, tmp_path / "cells")
+    report = write_decision_report(claim, tmp_path / "decide", decision, stopped="every clause decided")
+    text = report.read_text()
+    assert "**Verdict: agrees (2 of 2).**" in text and "The looks ended: every clause decided." in text
+    assert "| 12 |" in text and "unit: the seed" in text
+    assert (tmp_path / "decide" / "plots" / "decide_t.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_holm_across_clauses_holds_the_familywise_error_rate():
+    # three clauses, one with a real effect and two null: a false "agrees" on either null clause
+    # is a familywise error; the real one's decision frees its share of alpha for the others.
+    from ablate.analysis.sequential import decide_results
+
+    entry = {"measure": "final_val_loss", "a": {"norm": "post"}, "b": {"norm": "pre"}, "expect": "higher",
+             "effect": 0.5}
+    claim = parse_claim({"name": "t", "statement": "s", "source": "x", "grid": "g", "clause": [
+        {"sentence": f"s{i}", "label": f"c{i}", "compare": [entry]} for i in range(3)]})
+    rng = np.random.default_rng(5)
+    errors, real = 0, 0
+    for _ in range(SEQUENCES):
+        means = (1.5, 0.0, 0.0)
+        results = [[Result(clause.compare[0], "u", seed_values=tuple(rng.normal(mu, 1.0, LOOKS[-1])),
+                           seed_ids=tuple(range(LOOKS[-1])))] for clause, mu in zip(claim.clauses, means)]
+        statuses = [c.status for c in decide_results(claim, results).clauses]
+        errors += AGREES in statuses[1:]
+        real += statuses[0] == AGREES
+    assert errors / SEQUENCES <= ceiling()
+    assert real / SEQUENCES >= 0.8  # the real effect (1.5 sd) is found at Holm's level

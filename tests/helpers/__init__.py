@@ -1,0 +1,1 @@
+"""What several test files share: synthetic run folders, fake trainers, cluster and CLI helpers."""
