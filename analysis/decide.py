@@ -5,7 +5,7 @@ a clause reads are fixed design. So a clause first reduces each seed's cells to 
 (`per_seed`: the mean over the seed's paired cells of a - b; for a failure measure that mean is
 the difference in the share of failed cells over the rates and warmups it reads), and tests the
 seeds' values. Cells of one seed are never counted as separate units: adding rates cannot shrink
-a p-value (tests/test_seed_unit.py holds it to that with perfectly correlated cells).
+a p-value (tests/analysis/test_decide.py holds it to that with perfectly correlated cells).
 
 Every test is one-sided in the claimed direction at one level (stats.ONE_SIDED_ALPHA, 0.025,
 unless the claim declares its own), and answers three questions at a look's nominal level:

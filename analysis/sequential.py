@@ -16,7 +16,7 @@ because each look tests at its own nominal level, from an alpha-spending functio
     each test   turns its one-sided p-value at a look into the statistic z = Phi^-1(1 - p) and is
                 compared with c_k: equivalently, p <= nominal_k = 1 - Phi(c_k). A t-test over n
                 seeds or an exact sign test is not exactly the Brownian motion the boundaries
-                assume; tests/test_sequential.py simulates each kind under the null to hold the
+                assume; tests/analysis/test_sequential.py simulates each kind under the null to hold the
                 false-decision rate at alpha.
     futility    "does not agree: no effect as large as X" when the test of "short of X" crosses the
                 same boundary: the repeated confidence bound (Jennison & Turnbull 1989) excludes X.

@@ -403,7 +403,7 @@ def at_best_lr(cells: pd.DataFrame, varying: list[str], choose_on=None) -> tuple
     [(the group's other axis values, its best lr, whether that lr is an end of its sweep)].
     With `choose_on` (seeds), the rate is chosen on those seeds' cells alone and the cells kept
     are the OTHER seeds' at that rate: fresh seeds, free of the winner's curse of testing on the
-    seeds that chose (tests/test_seed_unit.py)."""
+    seeds that chose (tests/analysis/test_decide.py)."""
     others = [ax for ax in varying if ax not in ("seed", "lr") and ax in cells and cells[ax].nunique(dropna=False) > 1]
     kept, picks = [], []
     for values, group in (cells.groupby(others, dropna=False, sort=True) if others else [((), cells)]):

@@ -43,7 +43,8 @@ def pytest_xdist_auto_num_workers(config):
 def reference_speed(monkeypatch):
     """Time estimates in tests use ablate.bench.estimate.reference, a fixed yardstick: a
     calibration would take seconds (minutes on a loaded machine) and make sizes depend on the
-    day's load, and its cached figures would land in the user's cache. tests/test_speed.py measures."""
+    day's load, and its cached figures would land in the user's cache.
+    tests/ablate/bench/test_estimate.py measures."""
     import ablate.bench.estimate as estimate
 
     monkeypatch.setattr(estimate, "machine_speed", lambda threads=1, quiet=False: estimate.reference(threads))
@@ -68,7 +69,7 @@ def text_file(tmp_path):
 # process, a long one picked up last would leave the other process idle at the end. Paths as in
 # the test ids, from the repository root.
 COSTLY_FIRST = ("tests/ablate/commands/test_ladder.py", "tests/ablate/kernels/test_parity.py",
-                "tests/ablate/commands/test_grid.py", "tests/ablate/backends/test_slurm_backend.py",
+                "tests/ablate/kernels/test_cpu_cache.py", "tests/ablate/commands/test_grid.py", "tests/ablate/backends/test_slurm_backend.py",
                 "tests/ablate/grid/test_spec.py", "tests/ablate/test_train.py",
                 "tests/ablate/kernels/test_triton_aot.py", "tests/ablate/test_config.py",
                 "tests/ablate/test_plugins.py")

@@ -12,7 +12,7 @@ outputs, its backward error the largest over the gradients of all its inputs (we
 included). A case passes when both are within the dtype's tolerance: float32 kernels must agree
 to a few float32 roundings, bfloat16 ones to a few bfloat16 roundings of the output.
 
-Used by tests/test_kernels.py, `ablate kernels check` and `--kernels auto` (a quick subset).
+Used by tests/ablate/kernels/test_parity.py, `ablate kernels check` and `--kernels auto` (a quick subset).
 """
 from __future__ import annotations
 

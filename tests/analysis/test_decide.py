@@ -2,18 +2,22 @@
 give the p-value of one cell a seed however many rates are added; best rates chosen on the
 sweep's seeds and tested on fresh ones carry no winner's curse with a flat-basin arm; failure
 scoring has no jump at the plateau's edge; a clause that cannot decide at its grid's seeds is
-flagged when it is checked against its grid. Seeded, numpy only, no training."""
+flagged when it is checked against its grid, at the full level and at Holm's first step; "about N
+seeds would resolve it" also at the pooled spread's upper confidence bound. Seeded, numpy only, no
+training."""
 import math
 
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats as scipy_stats
 
 from ablate.analysis import decide
+from ablate.analysis.claim_report import clause_line
 from ablate.analysis.claims import check_against_grid, parse_claim
 from ablate.analysis.outcomes import DIVERGED, PLATEAUED, TRAINED, outcome_of, scored_loss
 from ablate.analysis.stats import ONE_SIDED_ALPHA
-from ablate.analysis.verdict import AGREES, DISAGREES, at_best_lr, evaluate
+from ablate.analysis.verdict import AGREES, CANNOT_TELL, DISAGREES, at_best_lr, evaluate
 from ablate.rundir import COMPLETED
 
 from tests.helpers.synthetic_runs import write_run
@@ -192,7 +196,6 @@ def test_seeds_without_spread_are_read_by_the_sign_test(tmp_path):
 
 
 def test_a_cannot_tell_at_three_seeds_says_the_sign_interval_excludes_nothing_yet(tmp_path):
-    from ablate.analysis.claim_report import clause_line
 
     for s in range(3):  # post fails at every seed, pre never: the claimed way, but 3 seeds
         write_run(tmp_path, POST, s, losses=[4.0, 3.3], val_loss=3.35, unigram_entropy=3.4)
@@ -201,3 +204,49 @@ def test_a_cannot_tell_at_three_seeds_says_the_sign_interval_excludes_nothing_ye
                               "effect": 0.25}), tmp_path)
     line = clause_line(0, verdict.clauses[0])
     assert "3 seeds exclude no value of the seeds' median of a - b yet" in line and "inf" not in line
+
+
+# ---------------------------------------------------------------- about N seeds
+def one_clause(label, measure="final_val_loss", effect=0.05):
+    return {"sentence": "s", "label": label, "compare": [
+        {"measure": measure, "a": {"norm": "post"}, "b": {"norm": "pre"}, "expect": "higher", "effect": effect}]}
+
+
+def clauses(*each):
+    return parse_claim({"name": "t", "statement": "s", "source": "x", "grid": "g", "clause": list(each)})
+
+
+def test_the_spread_upper_bound_by_hand():
+    # chi2 with 4 degrees of freedom: its 0.2 quantile is 1.6488; sd * sqrt(4 / 1.6488)
+    assert decide.sd_upper_bound(1.0, 4) == pytest.approx(math.sqrt(4 / 1.6487623), rel=1e-5)
+    bounds = [decide.sd_upper_bound(0.1, df) for df in (2, 8, 64, 4096)]
+    assert all(b > 0.1 for b in bounds) and bounds == sorted(bounds, reverse=True)  # tighter with df
+    assert bounds[-1] == pytest.approx(0.1, rel=0.02)
+    assert decide.sd_upper_bound(0.1, 8, level=0.5) == pytest.approx(
+        0.1 * math.sqrt(8 / scipy_stats.chi2.median(8)))
+
+
+def test_too_few_seeds_give_both_counts_and_the_upper_one_is_larger(tmp_path):
+    noise = [0.03, -0.02, 0.01]  # a - b = 0.01 + noise: an effect of 0.05 is neither shown nor excluded
+    for s, e in enumerate(noise):
+        write_run(tmp_path, POST, s, losses=[4.0, 3.0, 2.6], val_loss=2.51 + e, unigram_entropy=3.4)
+        write_run(tmp_path, PRE, s, losses=[4.0, 3.0, 2.6], val_loss=2.5, unigram_entropy=3.4)
+    verdict = evaluate(clauses(one_clause("l")), tmp_path)
+    r = verdict.results[0]
+    assert verdict.clauses[0].outcome == CANNOT_TELL
+    sd, df = r.spread
+    assert df == 2 and r.seeds_needed_upper > r.seeds_needed > 3
+    level = verdict.claim.alpha  # one clause: Holm's first step is the full level
+    assert r.seeds_needed_upper == max(2, decide.t_seeds_for(0.05, decide.sd_upper_bound(sd, df), level))
+    line = clause_line(0, verdict.clauses[0])
+    assert f"about {r.seeds_needed} seeds would resolve" in line
+    assert f"{r.seeds_needed_upper} at its 80% upper confidence bound" in line
+
+
+def test_a_failure_clause_gives_no_upper_count():
+    cells = pd.DataFrame([{"norm": n, "seed": s} for n in ("pre", "post") for s in range(3)])
+    two = clauses(one_clause("a", measure="failed", effect=0.25), one_clause("b", measure="failed", effect=0.25))
+    notes = check_against_grid(two, cells)
+    assert notes[0] == ("clause (a) 'a': cannot decide with 3 seeds; needs at least 6 "
+                        "(7 at Holm's first step, one-sided 0.025 / 2 clauses)")
+    assert np.log2(1 / (0.025 / 2)) > 6  # 1/2^7 <= 0.0125 < 1/2^6

@@ -61,7 +61,7 @@ def test_plain_loop_computes_the_harness_models_losses_step_after_step(gelu, act
     tokens = np.random.default_rng(0).integers(0, size.vocab_size, 5000).astype(np.uint16)  # a token file's dtype
     torch.manual_seed(1)
     # The harness's attention as torch computes it (the `sdpa` form): its own kernel is another
-    # float32 form of the function (tests/test_cpu_attention.py), whose rounding AdamW would amplify.
+    # float32 form of the function (tests/ablate/kernels/test_cpu_attention.py), whose rounding AdamW would amplify.
     with cpu_attention.using(cpu_attention.SDPA):
         _compare_steps(plain, harness, opts, tokens, size, 3 if gelu == "none" else 1)
 
