@@ -28,6 +28,7 @@ from ablate.errors import ConfigError
 DECIDE_JSON = "decide.json"
 DECIDE_VERSION = 1
 ALL_DECIDED = "every clause decided"
+FIRST_RUN = "the rate sweep"  # a best-rate claim's first run: its grid's own seeds choose the rates
 
 
 # ------------------------------------------------------------------------------ the record
@@ -121,9 +122,9 @@ def next_look(claim, req, first, decision) -> tuple:
 
 
 def run_look(claim, cells: Path, req, grid, ids: list[str], index: int, log: LookLog, budget: Budget,
-             out: Path) -> tuple[int | None, str]:
-    """Run look `index` (the cells `ids` of `grid`). Returns (grid exit status, or None when
-    nothing was run; why the looks stop here, or "")."""
+             out: Path, name: str = "") -> tuple[int | None, str]:
+    """Run look `index` (the cells `ids` of `grid`; `name` what it is called, "look N" unless
+    given). Returns (grid exit status, or None when nothing was run; why the looks stop here, or "")."""
     from ablate.claim.design import subset
     from ablate.commands.reproduce import look_seconds
     from ablate.grid.runner import run_grid
@@ -131,7 +132,8 @@ def run_look(claim, cells: Path, req, grid, ids: list[str], index: int, log: Loo
     todo = unfinished(cells, ids)
     if not todo:
         return None, ""
-    what = f"look {index + 1} ({len(todo)} cell{'s' if len(todo) != 1 else ''} to train)"
+    name = name or f"look {index + 1}"
+    what = f"{name} ({len(todo)} cell{'s' if len(todo) != 1 else ''} to train)"
     if not log.was_started(index, ids):  # a look started before is finished whatever is left
         refused = budget.refusal(look_seconds(subset(grid, todo), req) if req.budget is not None else 0.0, what)
         if refused:
@@ -145,7 +147,7 @@ def run_look(claim, cells: Path, req, grid, ids: list[str], index: int, log: Loo
     log.write(out / DECIDE_JSON)
     left = unfinished(cells, ids)
     if status != 2 and left:
-        return status, (f"look {index + 1}'s cells did not all finish ({len(left)} left, e.g. {left[0]}); rerun to "
+        return status, (f"{name}'s cells did not all finish ({len(left)} left, e.g. {left[0]}); rerun to "
                         "resume")
     return status, ""
 
@@ -170,7 +172,10 @@ def run_decide(claim, cells: Path, req, grid=None, decide_fn=None, report_fn=Non
     budget = Budget(req.budget, log.seconds)
     index, grid, ids, worst, decision = 0, first, [c.id for c in first.cells], 0, None
     while True:
-        status, stopped = run_look(claim, cells, req, grid, ids, index, log, budget, out)
+        # A best-rate clause's first look is its fresh seeds, after the grid's own design (the
+        # sweep that chooses its rates): that first run is named for what it is, not "look 1".
+        name = FIRST_RUN if grid is first and _sweeps(claim) else ""
+        status, stopped = run_look(claim, cells, req, grid, ids, index, log, budget, out, name)
         if status == 2:
             return 2, None
         worst = max(worst, status or 0)
@@ -205,6 +210,11 @@ def _runs(cells: Path):
     from ablate.analysis.load import load_runs
 
     return load_runs(cells)
+
+
+def _sweeps(claim) -> bool:
+    """Whether some comparison of the claim is read at best rates (chosen on the sweep's seeds)."""
+    return any(c.best_lr for clause in claim.clauses for c in clause.compare)
 
 
 def _shipped_decide():

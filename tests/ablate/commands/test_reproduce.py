@@ -218,6 +218,7 @@ def test_decide_adds_seeds_only_to_the_cells_an_undecided_clause_reads_and_stops
     record = json.loads((cells / "decide" / "decide.json").read_text())
     assert len(record["looks"]) == 2 and len(record["looks"][1]) == 2 * DECIDED_AT
     printed = capsys.readouterr().out
+    assert "look 1 (9 cells to train), 9 cells in all" in printed  # no best rate: the grid's seeds are look 1
     assert "look 2 (6 cells to train), 12 cells in all" in printed
     assert "mini-decide: agrees (double); stopped: every clause decided" in printed
     assert "(a) gelu below relu: **agrees** (3 seeds: " in printed
@@ -353,3 +354,22 @@ def test_a_rerun_that_finds_earlier_looks_on_disk_names_the_look_the_decision_as
     assert look_index(asks(tuple(range(LOOKS[2])), None), 1) == 2  # the third look, not the loop's second
     assert look_index(asks(tuple(range(3, 3 + LOOKS[1]))), 5) == 1  # fresh seeds of a best-rate clause
     assert look_index(asks(None, None), 4) == 4  # nothing asked: the loop's count
+
+
+def test_a_best_rate_claims_first_run_is_named_the_rate_sweep_not_look_1(tmp_path, monkeypatch, capsys):
+    # Its grid's own seeds choose the rates and are never tested: the looks start on fresh seeds.
+    import ablate.grid.runner as grid_runner
+    from ablate.claim.looks import FIRST_RUN, run_decide
+    from ablate.commands.reproduce import find_claim
+
+    grid = tmp_path / "mini.toml"
+    grid.write_text(textwrap.dedent(MINI_GRID).replace('act = ["gelu", "relu", "silu"]',
+                                                       'act = ["gelu", "relu"]\nlr = [1e-3, 3e-3, 1e-2]'))
+    claim = tmp_path / "claim.toml"
+    claim.write_text(textwrap.dedent(MINI_CLAIM.format(grid=grid)).replace('effect = 0.01', 'effect = 0.01\nbest_lr = true'))
+    monkeypatch.setattr(grid_runner, "run_grid", lambda grid, out, options=None: 0)  # trains nothing
+    status, decision = run_decide(find_claim(str(claim)), tmp_path / "cells", _request(),
+                                  decide_fn=decide_double, report_fn=report_double)
+    printed = capsys.readouterr().out
+    assert f"mini-decide: {FIRST_RUN} (18 cells to train), 18 cells in all" in printed and "look 1" not in printed
+    assert decision is None and status == 1  # its cells never finished: said so, nothing decided
