@@ -286,7 +286,7 @@ def analysis_sources_sha256() -> str:
 
 
 def plan_identity(claim, grid_file, scale: str, overrides: dict, fitted_widths, held_out_width: int,
-                  alpha: float | None = None) -> dict:
+                  alpha: float | None = None, seeds: list[int] | None = None) -> dict:
     """What the backtest's predictions are made under, known before any rung runs (the engine's
     side: the code's commit and sources; analysis/backtest.py compares and freezes it)."""
     import ablate
@@ -299,4 +299,5 @@ def plan_identity(claim, grid_file, scale: str, overrides: dict, fitted_widths, 
             "analysis_sha256": analysis_sources_sha256(), "rate_transfer": RATE_TRANSFER, "scale": scale,
             "overrides": {k: str(v) for k, v in sorted(overrides.items())},
             "fitted_widths": sorted(int(w) for w in fitted_widths), "held_out": f"w{held_out_width}",
-            "held_out_width": int(held_out_width), "alpha": ONE_SIDED_ALPHA if alpha is None else alpha}
+            "held_out_width": int(held_out_width), "alpha": ONE_SIDED_ALPHA if alpha is None else alpha,
+            "seeds": "the grid's own" if seeds is None else [int(s) for s in seeds]}

@@ -33,6 +33,8 @@ def add_arguments(p) -> None:
     p.add_argument("--backtest", action="store_true",
                    help="also train a held-out rung at twice the widest width, after freezing the plan and the "
                         "predictions the fitted rungs make for it, and score them (backtest.md)")
+    p.add_argument("--seeds", metavar="N", help="every rung at N seeds (the grid's own, then the next ones) instead "
+                                                 "of the grid's own, so each rung's verdicts can decide")
     p.add_argument("--dry-run", action="store_true", help="print the rungs, their rates, cells and estimated time; "
                                                          "train and write nothing")
     p.add_argument("--out", type=Path, help="output root (default runs/ladders; a claim's ladder in NAME[-full]/)")
@@ -55,7 +57,7 @@ class LadderPlan:
     (with the rates they would get before any shift), their loaded grids and sizes."""
 
     def __init__(self, claim, source: Path, scale: str, overrides: dict, widths: list[int], full: bool,
-                 imports_policy: str, out: Path):
+                 imports_policy: str, out: Path, n_seeds: int | None = None):
         from ablate.grid.spec import load_grid
         from ablate.ladder_rungs import (check_sizes, check_widths, grid_rates, read_grid_data, rungs_for, sweep_step,
                                    with_rates)
@@ -64,7 +66,10 @@ class LadderPlan:
         self.imports_policy = imports_policy
         self.data = read_grid_data(source)
         self.lrs = grid_rates(self.data)
+        from ablate.claim.design import own_seeds, seed_sequence
+
         own = load_grid(source, scale, overrides, imports_policy)
+        self.seeds = seed_sequence(own_seeds(own), n_seeds) if n_seeds is not None else None  # None: the grid's
         ref = _base_config(own)
         self.ref_width = ref.size.d_model
         self.step = sweep_step(sorted(own.axes.get("lr", [])))
@@ -101,12 +106,14 @@ class LadderPlan:
             path = self.grid_file(rung)
             output_folder(path.parent)  # a link planted at grids/ is replaced, never written through
             _write_text(path, text)
-            grid = load_grid(path, self.scale, {**self.overrides, **rung.options}, self.imports_policy)
+            grid = load_grid(path, self.scale, {**self.overrides, **rung.options}, self.imports_policy,
+                             seeds=self.seeds)
         else:
             with tempfile.TemporaryDirectory() as tmp:
                 path = Path(tmp) / f"{rung.name}.toml"
                 path.write_text(text)
-                grid = load_grid(path, self.scale, {**self.overrides, **rung.options}, self.imports_policy)
+                grid = load_grid(path, self.scale, {**self.overrides, **rung.options}, self.imports_policy,
+                                 seeds=self.seeds)
         check_grid(grid, self.out / rung.name)
         try:
             rung_claim = claim_at_rung(self.claim, rung.rates, self.ref_width, rung.width)
@@ -336,6 +343,7 @@ def _claims_and_sources(names: list[str], imports_policy: str):
 
 
 def run(args) -> int:
+    from ablate.claim.design import check_seeds_override, parse_seeds
     from ablate.commands.reproduce import quick_workers
     from ablate.grid.runner import GridRunOptions
     from ablate.grid.spec import REFUSE_IMPORTS, RUN_IMPORTS, parse_overrides
@@ -350,6 +358,9 @@ def run(args) -> int:
     options = GridRunOptions.from_args(args)
     workers = args.workers if local else quick_workers()  # the estimate's cells at once
     overrides = parse_overrides(args.set)
+    n_seeds = parse_seeds(args.seeds)
+    if n_seeds is not None:
+        check_seeds_override(overrides, f"--seeds {n_seeds}")
     widths = parse_widths(args.widths)
     held_out = _held_out_width(widths, args.full) if args.backtest else None
     scale = "gpu" if args.full else "cpu"
@@ -358,7 +369,7 @@ def run(args) -> int:
     pairs = _claims_and_sources(args.names, policy)
     suffix = "-full" if args.full else ""
     plans = [LadderPlan(claim, source, scale, overrides, widths + ([held_out] if held_out else []), args.full,
-                        policy, root / f"{claim.name}{suffix}") for claim, source in pairs]  # all checked first
+                        policy, root / f"{claim.name}{suffix}", n_seeds) for claim, source in pairs]  # all checked first
     identities = {plan.claim.name: _backtest_identity(plan, widths, held_out) for plan in plans} if held_out else {}
     estimates = [estimate(plan, workers, args.full) for plan in plans]  # every one refused before any is printed
     for plan, lines in zip(plans, estimates):
@@ -411,7 +422,7 @@ def _backtest_identity(plan: LadderPlan, widths: list[int], held_out: int) -> di
     from ablate.analysis.backtest import check_plan
     from ablate.ladder_rungs import plan_identity
 
-    identity = plan_identity(plan.claim, plan.source, plan.scale, plan.overrides, widths, held_out)
+    identity = plan_identity(plan.claim, plan.source, plan.scale, plan.overrides, widths, held_out, seeds=plan.seeds)
     started = any((plan.out / identity["held_out"]).glob(f"*/{SUMMARY}"))
     with _refused():
         check_plan(plan.out, identity, started)
@@ -433,11 +444,12 @@ def _freezer(plan: LadderPlan, identity: dict):
     """The hook that freezes the plan and its predictions just before the held-out rung trains."""
     from ablate.analysis.backtest import PLAN_JSON, freeze_plan, sha256_file
     from ablate.analysis.ladder_report import load_ladder
+    from ablate.claim.design import own_seeds
 
     def before(rung, grid, size: int) -> None:
         if rung.name == identity["held_out"]:
             held = {"grid_sha256": sha256_file(plan.grid_file(rung)), "size": size,
-                    "seeds": len({grid.configs.setting(c.id).seed for c in grid.cells}),
+                    "seeds": len(own_seeds(grid)),
                     "rates": {f"{k:g}": v for k, v in rung.rates.items()}}
             with _refused():
                 freeze_plan(plan.claim, plan.out, identity, held, load_ladder(plan.out))

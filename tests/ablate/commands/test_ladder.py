@@ -451,3 +451,46 @@ def test_a_width_axis_makes_distinct_cells_named_by_their_width(tmp_path):
     assert ids == ["pre.layernorm.gelu.dense.res__width=32__seed=0",
                    "pre.layernorm.gelu.dense.res__width=64__seed=0",  # named: it varies in the grid
                    "pre.layernorm.gelu.dense.res__width=128__seed=0"]
+
+
+def test_seeds_put_every_rung_at_n_seeds_and_enter_the_frozen_plan(tmp_path):
+    from ablate.commands.ladder import LadderPlan
+    from ablate.commands.reproduce import find_claim
+    from ablate.ladder_rungs import plan_identity
+
+    claim = find_claim("swiglu")
+    own = LadderPlan(claim, find_grid(claim.grid), "cpu", {}, [16, 32, 64], False, "refuse", tmp_path / "a")
+    six = LadderPlan(claim, find_grid(claim.grid), "cpu", {}, [16, 32, 64], False, "refuse", tmp_path / "b", 6)
+
+    def seeds(grid):
+        return sorted({grid.configs[c.id].seed for c in grid.cells})
+
+    assert own.seeds is None and all(seeds(g) == [0, 1, 2] for g in own.grids)
+    assert six.seeds == list(range(6)) and all(seeds(g) == list(range(6)) for g in six.grids)
+    assert all(len(b.cells) == 2 * len(a.cells) for a, b in zip(own.grids, six.grids))
+    # a seed's cell keeps its id, so the grid's own seeds resume into the same folders
+    assert all({c.id for c in a.cells} <= {c.id for c in b.cells} for a, b in zip(own.grids, six.grids))
+    frozen = [plan_identity(claim, find_grid(claim.grid), "cpu", {}, [16, 32, 64], 128, seeds=s) for s in
+              (own.seeds, six.seeds)]
+    assert frozen[0]["seeds"] == "the grid's own" and frozen[1]["seeds"] == list(range(6))
+
+
+def test_a_bad_seed_count_or_a_seed_override_is_one_line(capsys, tmp_path):
+    assert "at least 2" in refused_writing_nothing(capsys, tmp_path, "swiglu", "--seeds", "1")
+    assert "contradict" in refused_writing_nothing(capsys, tmp_path, "swiglu", "--seeds", "6", "--set", "seed=3")
+
+
+def test_the_frozen_plan_records_the_held_out_rungs_seeds(tmp_path, monkeypatch):
+    import ablate.analysis.backtest as backtest
+    import ablate.analysis.ladder_report as ladder_report
+    from ablate.commands.ladder import LadderPlan, _freezer
+    from ablate.commands.reproduce import find_claim
+
+    claim = find_claim("swiglu")
+    plan = LadderPlan(claim, find_grid(claim.grid), "cpu", {}, [16, 32, 64, 128], False, "refuse", tmp_path / "l", 4)
+    held = []
+    monkeypatch.setattr(backtest, "freeze_plan", lambda claim, out, identity, h, ladder: held.append(h))
+    monkeypatch.setattr(ladder_report, "load_ladder", lambda out: None)
+    monkeypatch.setattr(backtest, "sha256_file", lambda path: "sha")
+    _freezer(plan, {"held_out": "w128"})(plan.rungs[-1], plan.grids[-1], plan.sizes[-1])
+    assert held[0]["seeds"] == 4 and held[0]["size"] == plan.sizes[-1]
