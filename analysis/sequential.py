@@ -295,9 +295,15 @@ def _why(c: ClauseDecision, results: list[Result], looks: tuple) -> str:
                 + ("also" if last.beyond else "not") + f" shown beyond the smallest effect of interest ({effects})")
     if c.status == DISAGREES:
         effects = ", ".join(f"{r.compare.effect:g} {r.unit}" for r in results if r.compare.effect)
+        if last.futility_statistic is None:
+            return "an exact count short of the effect, or the other way"
+        # The statistic is the clause's least convincing comparison's z: at or under -boundary that
+        # comparison's repeated confidence bound excludes 0 on the other side.
+        other = last.statistic is not None and last.statistic <= -last.boundary
+        which = "shown the other way" if len(results) == 1 else "a comparison shown the other way"
         return (f"no effect as large as {effects} at {last.n_seeds} seeds (z {last.futility_statistic:.2f} >= "
-                f"boundary {last.boundary:.2f})" if last.futility_statistic is not None else
-                "an exact count short of the effect, or the other way")
+                f"boundary {last.boundary:.2f})" + (f"; {which} (z {last.statistic:.2f} <= -{last.boundary:.2f})"
+                                                    if other else ""))
     if last.n_seeds >= looks[-1]:
         return f"the last look ({looks[-1]} seeds) reached: neither shown nor excluded"
     return f"undecided at {last.n_seeds} seeds (boundary {last.boundary:.2f}); next look at the next seeds"

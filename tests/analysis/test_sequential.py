@@ -208,3 +208,20 @@ def test_holm_across_clauses_holds_the_familywise_error_rate():
         real += statuses[0] == AGREES
     assert errors / SEQUENCES <= ceiling()
     assert real / SEQUENCES >= 0.8  # the real effect (1.5 sd) is found at Holm's level
+
+
+def test_futility_says_when_the_effect_is_shown_the_other_way(tmp_path):
+    claim = parse_claim({**CLAIM, "clause": CLAIM["clause"][1:]})  # "post's loss is higher", effect 0.05
+    for s in range(6):  # post ends 0.1 nats *below* pre in every seed
+        write_run(tmp_path, POST, s, losses=[4.0, 3.0], val_loss=2.4 + 0.01 * (s % 3), unigram_entropy=3.4)
+        write_run(tmp_path, PRE, s, losses=[4.0, 3.0], val_loss=2.5, unigram_entropy=3.4)
+    clause = decide_claim(claim, tmp_path).clauses[0]
+    last = clause.looks[-1]
+    assert clause.status == DISAGREES and last.statistic <= -last.boundary
+    assert clause.why.startswith("no effect as large as 0.05 nats at 6 seeds")
+    assert clause.why.endswith(f"; shown the other way (z {last.statistic:.2f} <= -{last.boundary:.2f})")
+    for s in range(6):  # about no difference: futile, but not the other way
+        write_run(tmp_path / "flat", POST, s, losses=[4.0, 3.0], val_loss=2.5 + 0.01 * (s % 3 - 1), unigram_entropy=3.4)
+        write_run(tmp_path / "flat", PRE, s, losses=[4.0, 3.0], val_loss=2.5, unigram_entropy=3.4)
+    flat = decide_claim(claim, tmp_path / "flat").clauses[0]
+    assert flat.status == DISAGREES and "other way" not in flat.why
