@@ -366,21 +366,7 @@ def test_a_grid_file_with_imports_is_planned_with_trust_imports(capsys, tmp_path
 # --------------------------------------------------------------------- end to end
 
 
-MINI = """
-name = "mini"
-[base]
-model = "tiny"
-layers = 1
-steps = 6
-eval_every = 2
-warmup = 0
-batch_size = 4
-probes = false
-[axes]
-act = ["gelu", "relu"]
-lr = [1e-3, 1e-2]
-seed = [0, 1]
-"""
+MINI = TWO_ARMS.replace("steps = 6\n", "steps = 6\neval_every = 2\nwarmup = 0\n")  # evaluated, no warmup
 
 
 def _ladder(path, out):
