@@ -3,7 +3,7 @@
 // Reference: variants/activations.py (ReferenceBackend.activation / .gated).
 // Mirror:    ablate/kernels/triton_kernels.py (_act_*_kernel, _gated_*_kernel).
 // Check:     ablate/kernels/parity.py, `ablate kernels check`, tests/ablate/kernels/test_parity.py.
-// Bench:     ablate/kernels/bench.py, `ablate kernels bench`.
+// Bench:     ablate/bench/kernel_ops.py, `ablate kernels bench`.
 //
 // Layout: (rows, cols) with a row stride per input, contiguous outputs. A 2-D grid: blockIdx.y
 // walks rows (grid-stride beyond 65535), blockIdx.x/threadIdx.x walk 16-byte packs of a row

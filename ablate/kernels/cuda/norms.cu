@@ -4,7 +4,7 @@
 // Reference: ablate/kernels/reference.py (F.layer_norm, F.rms_norm, x + y then the norm).
 // Mirror:    ablate/kernels/triton_kernels.py (_norm_fwd_kernel, _norm_bwd_kernel).
 // Check:     ablate/kernels/parity.py, `ablate kernels check`, tests/ablate/kernels/test_parity.py.
-// Bench:     ablate/kernels/bench.py, `ablate kernels bench`.
+// Bench:     ablate/bench/kernel_ops.py, `ablate kernels bench`.
 //
 // Layout. A block is (TPR, RG) threads: RG row groups of TPR threads (a multiple of 32, so no
 // warp spans two rows). Row group g of block b handles rows b*RG + g, then + gridDim.x*RG, ...
