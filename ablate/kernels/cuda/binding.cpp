@@ -144,7 +144,7 @@ void norm_backward(const at::Tensor& dy, const std::optional<at::Tensor>& ds, co
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "ablate CUDA kernels (see ablate/kernels/README.md)";
+  m.doc() = "ablate CUDA kernels (see docs/kernels.md)";
   m.attr("max_norm_cols") = ablate::kMaxNormCols;
   m.def("act_forward", &act_forward);
   m.def("act_backward", &act_backward);
