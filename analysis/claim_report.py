@@ -183,7 +183,8 @@ def as_dict(verdict: Verdict) -> dict:
                 "figure": figure(r), "sentence": sentence(r), "test": t.name if t else None,
                 "estimate": t.estimate if t else None, "interval": [t.interval.low, t.interval.high] if t and t.interval
                 else None, "p_value": t.p_value if t else None, "diff": r.diff, "mean_a": r.mean_a, "mean_b": r.mean_b,
-                "unit": r.unit, "n_pairs": r.n_pairs, "seeds": list(r.seeds), "seeds_needed": r.seeds_needed, "seeds_needed_upper": r.seeds_needed_upper,
+                "unit": r.unit, "n_pairs": r.n_pairs, "seeds": list(r.seeds), "seeds_needed": r.seeds_needed,
+                "seeds_needed_upper": r.seeds_needed_upper,
                 "n_seeds": r.n_seeds, "per_seed": list(r.seed_values), "test_unit": "seed",
                 "p_beyond": t.p_beyond if t else None, "p_futile": t.p_futile if t else None,
                 "effect": r.compare.effect, "best_lr": {s: [[w, lr, e] for w, lr, e in p] for s, p in r.best.items()},

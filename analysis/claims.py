@@ -172,6 +172,12 @@ class Claim:
         """Every comparison the verdict is made of, clause by clause."""
         return tuple(c for clause in self.clauses for c in clause.compare)
 
+    @property
+    def first_step_level(self) -> float:
+        """Holm's first step: alpha shared equally by the clauses, the level a clause is shown at
+        while every other is still open (what "about N seeds" and the seed floors are sized for)."""
+        return self.alpha / len(self.clauses)
+
 
 def load_claim(path: str | Path) -> Claim:
     path = Path(path)
@@ -330,7 +336,7 @@ def seed_floor_notes(claim: Claim, cells: pd.DataFrame) -> list[str]:
             need = sign_test_min_seeds(claim.alpha) if kind == "binary" else 2
             if have < need:
                 fresh = " fresh" if c.best_lr else ""
-                first = sign_test_min_seeds(claim.alpha / len(claim.clauses)) if kind == "binary" else need
+                first = sign_test_min_seeds(claim.first_step_level) if kind == "binary" else need
                 holm = (f" ({first} at Holm's first step, one-sided {claim.alpha:g} / {len(claim.clauses)} clauses)"
                         if first != need else "")
                 notes.append(f"clause ({'abcdefghijklmnopqrstuvwxyz'[i]}) {clause.label!r}: cannot decide with {have}"

@@ -229,7 +229,7 @@ def decide_claim(claim: Claim, source, metrics=None, looks: tuple = LOOKS) -> De
 
     runs = source if isinstance(source, Runs) else load_runs(Path(source))
     ctx = Context(runs, metrics if metrics is not None else cell_metrics(runs))
-    results = [[compare(ctx, c, claim.alpha, claim.alpha / len(claim.clauses)) for c in clause.compare]
+    results = [[compare(ctx, c, claim.alpha, claim.first_step_level) for c in clause.compare]
                for clause in claim.clauses]
     return decide_results(claim, results, looks)
 

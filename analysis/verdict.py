@@ -161,7 +161,7 @@ def evaluate(claim: Claim, source: str | Path | Runs, metrics: pd.DataFrame | No
     at the seeds it has (a fixed design), every test at the claim's one-sided level."""
     runs = source if isinstance(source, Runs) else load_runs(source)
     ctx = Context(runs, metrics if metrics is not None else cell_metrics(runs))
-    results = [[compare(ctx, c, claim.alpha, claim.alpha / len(claim.clauses)) for c in clause.compare]
+    results = [[compare(ctx, c, claim.alpha, claim.first_step_level) for c in clause.compare]
                for clause in claim.clauses]
     clauses = decide_clauses(claim, results, [claim.alpha] * len(claim.clauses))
     reported = [compare(ctx, c, claim.alpha, claim.alpha) for c in claim.report]
