@@ -122,9 +122,9 @@ def next_look(claim, req, first, decision) -> tuple:
 
 
 def run_look(claim, cells: Path, req, grid, ids: list[str], index: int, log: LookLog, budget: Budget,
-             out: Path, name: str = "") -> tuple[int | None, str]:
-    """Run look `index` (the cells `ids` of `grid`; `name` what it is called, "look N" unless
-    given). Returns (grid exit status, or None when nothing was run; why the looks stop here, or "")."""
+             out: Path, name: str) -> tuple[int | None, str]:
+    """Run look `index` (the cells `ids` of `grid`, printed as `name`). Returns (grid exit status,
+    or None when nothing was run; why the looks stop here, or "")."""
     from ablate.claim.design import subset
     from ablate.commands.reproduce import look_seconds
     from ablate.grid.runner import run_grid
@@ -132,7 +132,6 @@ def run_look(claim, cells: Path, req, grid, ids: list[str], index: int, log: Loo
     todo = unfinished(cells, ids)
     if not todo:
         return None, ""
-    name = name or f"look {index + 1}"
     what = f"{name} ({len(todo)} cell{'s' if len(todo) != 1 else ''} to train)"
     if not log.was_started(index, ids):  # a look started before is finished whatever is left
         refused = budget.refusal(look_seconds(subset(grid, todo), req) if req.budget is not None else 0.0, what)
@@ -172,9 +171,7 @@ def run_decide(claim, cells: Path, req, grid=None, decide_fn=None, report_fn=Non
     budget = Budget(req.budget, log.seconds)
     index, grid, ids, worst, decision = 0, first, [c.id for c in first.cells], 0, None
     while True:
-        # A best-rate clause's first look is its fresh seeds, after the grid's own design (the
-        # sweep that chooses its rates): that first run is named for what it is, not "look 1".
-        name = FIRST_RUN if grid is first and _sweeps(claim) else ""
+        name = look_name(claim, index, first=grid is first)
         status, stopped = run_look(claim, cells, req, grid, ids, index, log, budget, out, name)
         if status == 2:
             return 2, None
@@ -190,7 +187,7 @@ def run_decide(claim, cells: Path, req, grid=None, decide_fn=None, report_fn=Non
             break
         grid, next_ids = next_look(claim, req, first, decision)
         if set(next_ids) <= set(ids):  # nothing new to run: the statistics need cells that cannot finish
-            stopped = f"look {index + 1}'s cells are all run and the decision asks for no new cell"
+            stopped = f"{name}'s cells are all run and the decision asks for no new cell"
             break
         index, ids = look_index(decision, index + 1), next_ids
     write_decision(claim, cells, out, decision, stopped, log, report_fn)
@@ -212,9 +209,10 @@ def _runs(cells: Path):
     return load_runs(cells)
 
 
-def _sweeps(claim) -> bool:
-    """Whether some comparison of the claim is read at best rates (chosen on the sweep's seeds)."""
-    return any(c.best_lr for clause in claim.clauses for c in clause.compare)
+def look_name(claim, index: int, first: bool) -> str:
+    """"look N", but for the grid's own design of a claim read at best rates: its seeds choose the
+    rates and are never tested, so its looks (fresh seeds) start after it, at look 1."""
+    return FIRST_RUN if first and any(c.best_lr for c in claim.compare) else f"look {index + 1}"
 
 
 def _shipped_decide():
@@ -229,8 +227,8 @@ def _dry_run(claim, first, cells: Path, req, out: Path):
 
     dry_run(first, cells, workers_of(req))
     budget = f" or until --budget {req.budget / 60:.1f} min is spent" if req.budget is not None else ""
-    print(f"look 1 is the grid's own design above; then looks add seeds only to the clauses still undecided, "
-          f"until each is decided{budget}; report and verdict -> {out}")
+    print(f"{look_name(claim, 0, first=True)} is the grid's own design above; then looks add seeds only to the "
+          f"clauses still undecided, until each is decided{budget}; report and verdict -> {out}")
     return 0, None
 
 
