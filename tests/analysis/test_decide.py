@@ -25,9 +25,12 @@ from tests.helpers.synthetic_runs import write_run
 PRE, POST = "pre.layernorm.gelu.dense.res", "post.layernorm.gelu.dense.res"
 
 
+def clauses(*each):
+    return parse_claim({"name": "t", "statement": "s", "source": "x", "grid": "g", "clause": list(each)})
+
+
 def claim(*entries):
-    return parse_claim({"name": "t", "statement": "s", "source": "x", "grid": "g",
-                        "clause": [{"sentence": "s", "label": "l", "compare": list(entries)}]})
+    return clauses({"sentence": "s", "label": "l", "compare": list(entries)})
 
 
 def loss_entry(**kw):
@@ -207,13 +210,8 @@ def test_a_cannot_tell_at_three_seeds_says_the_sign_interval_excludes_nothing_ye
 
 
 # ---------------------------------------------------------------- about N seeds
-def one_clause(label, measure="final_val_loss", effect=0.05):
-    return {"sentence": "s", "label": label, "compare": [
-        {"measure": measure, "a": {"norm": "post"}, "b": {"norm": "pre"}, "expect": "higher", "effect": effect}]}
-
-
-def clauses(*each):
-    return parse_claim({"name": "t", "statement": "s", "source": "x", "grid": "g", "clause": list(each)})
+def one_clause(label, **kw):
+    return {"sentence": "s", "label": label, "compare": [loss_entry(**kw)]}
 
 
 def test_the_spread_upper_bound_by_hand():
