@@ -100,7 +100,9 @@ def test_a_task_near_its_time_limit_checkpoints_requeues_itself_and_resumes_bit_
     from ablate.cell import run_cell
     from ablate.grid.spec import load_grid
 
-    steps = 300  # the deadline passes during startup: the run stops after its first steps
+    # Too many steps to finish inside the 2 s before the deadline (a quiet 2-core machine
+    # trains 300 of them in about 1 s): the run must stop part-way, not finish first.
+    steps = 2000
     grid = load_grid(write_grid(tmp_path, "seed = [0]\n", steps=steps, name="limit", checkpoint_every=100_000))
     cell, out = grid.cells[0], tmp_path / "out"
     proc, calls = run_task(tmp_path, cell, out, margin_s=2.0, time_left="0:04")
