@@ -110,12 +110,21 @@ def time_left_s(job_id: str) -> float | None:
 
 
 def requeue(job_id: str) -> str | None:
-    """Put this task back in the queue; None on success, else scontrol's complaint."""
+    """Put this task back in the queue; None on success, else scontrol's complaint.
+
+    SLURM answers the request by sending SIGTERM to every process of the job, scontrol among
+    them, often before it has exited: it would die with the request granted and this task would
+    report a failed requeue of a job that is in fact queued again. So SIGTERM is ignored from
+    here on, here and (the disposition is inherited across exec) in scontrol. The task is on its
+    way out; SLURM's SIGKILL after KillWait still ends it if it hangs. Main thread only."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         proc = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:
         return str(e)
-    return None if proc.returncode == 0 else " ".join((proc.stderr or proc.stdout).split())[:200]
+    if proc.returncode == 0:
+        return None
+    return " ".join((proc.stderr or proc.stdout).split())[:200] or f"scontrol exited {proc.returncode}"
 
 
 class SlurmCellJob:

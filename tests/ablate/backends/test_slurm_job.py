@@ -70,9 +70,11 @@ TASK = """
 
 
 def fake_slurm(bin_dir, time_left: str):
-    """squeue answers `time_left` for %L; scontrol records its arguments."""
+    """squeue answers `time_left` for %L; scontrol records its arguments, then does what SLURM
+    does on a requeue: SIGTERM to the job's processes, the task's and its own."""
     bin_dir.mkdir()
-    for name, body in (("squeue", f'echo "{time_left}"'), ("scontrol", f'echo "$@" >> {bin_dir}/scontrol.calls')):
+    scontrol = f'echo "$@" >> {bin_dir}/scontrol.calls\nkill -TERM $PPID $$\nsleep 0.2'
+    for name, body in (("squeue", f'echo "{time_left}"'), ("scontrol", scontrol)):
         path = bin_dir / name
         path.write_text(f"#!/bin/sh\n{body}\n")
         path.chmod(path.stat().st_mode | stat.S_IEXEC)
@@ -90,6 +92,19 @@ def run_task(tmp_path, cell, out, margin_s: float, time_left: str):
                           capture_output=True, text=True, env=env, timeout=300)
     calls = (bin_dir / "scontrol.calls").read_text() if (bin_dir / "scontrol.calls").exists() else ""
     return proc, calls
+
+
+def test_a_requeue_survives_the_sigterm_slurm_sends_the_job_for_it(tmp_path):
+    """SLURM signals every process of the job, scontrol too, as it grants the requeue: neither
+    may die of it, or a granted requeue reads as a failed one (and the task reports an error)."""
+    bin_dir = tmp_path / "bin"
+    fake_slurm(bin_dir, "0:04")
+    code = "from ablate.backends.slurm_job import requeue; print('PROBLEM', repr(requeue('76_1')))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert proc.returncode == 0, proc.stderr  # the task itself took the SIGTERM and lived
+    assert "PROBLEM None" in proc.stdout, proc.stdout
+    assert (bin_dir / "scontrol.calls").read_text().split() == ["requeue", "76_1"]
 
 
 @pytest.mark.slow
