@@ -33,6 +33,15 @@ def _g(x: float, digits: int = 3) -> str:
 # ------------------------------------------------------------------------ one comparison
 
 
+def level_text(confidence: float) -> str:
+    """95%, 99.38%, 99.9987%: four digits, more only where fewer would read as 100%."""
+    for digits in range(4, 10):
+        text = f"{100 * confidence:.{digits}g}"
+        if float(text) < 100 or confidence >= 1:
+            return f"{text}%"
+    return f"{100 * confidence}%"
+
+
 def figure(r: Result) -> str:
     """The key figure: the seeds' estimate with its interval and p-values, from one test."""
     t = r.test
@@ -42,7 +51,7 @@ def figure(r: Result) -> str:
         return f"a - b = {_g(t.estimate, 4)} {r.unit} (exact, {t.estimate / r.mean_b:+.2%} of b)" if r.mean_b else \
             f"a - b = {_g(t.estimate, 4)} {r.unit} (exact)"
     ci = f"[{t.interval.low:.3g}, {t.interval.high:.3g}]" if t.interval else "(no interval)"
-    level = f"{100 * t.interval.confidence:.7g}%" if t.interval else ""  # 95%, 99%, 99.92%: a look's level
+    level = level_text(t.interval.confidence) if t.interval else ""
     ps = f"p = {_p(t.p_value)}" + (f", beyond the effect p = {_p(t.p_beyond)}" if t.p_beyond is not None else "") + \
         (f", short of it p = {_p(t.p_futile)}" if t.p_futile is not None else "")
     if t.name.startswith("exact sign"):
