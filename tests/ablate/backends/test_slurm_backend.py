@@ -1,8 +1,8 @@
 """`ablate grid --backend slurm` against a real SLURM (sbatch, squeue, scancel, time limits).
 
 Runs when a SLURM cluster answers `sinfo` (the one from `scripts/slurm-local.sh start`, found by
-its SLURM_CONF, or the machine's own); skipped otherwise. Each grid is tiny; the time-limit test
-sizes its cell from this machine's measured speed so that it must outlast a 1-minute limit.
+its SLURM_CONF, or the machine's own); skipped otherwise. Each grid is tiny; the time-limit test's
+cell pauses in every forward, so it outlasts a 1-minute limit however fast this machine is.
 """
 import json
 import os
@@ -17,7 +17,7 @@ import pytest
 from ablate.backends.slurm_job import read_result
 
 from tests.helpers.cluster_helpers import (assert_complete, engine_missing, grid_process, killable_grid, logged_steps, metrics,
-                             run_grid, steps_per_second, trained_ids, wait_until, without_timing, write_grid)
+                             run_grid, trained_ids, wait_until, without_timing, write_grid)
 
 pytestmark = pytest.mark.slow
 
@@ -86,24 +86,45 @@ def test_four_cells_submitted_as_one_array_left_and_collected_by_a_rerun(tmp_pat
     assert rc == 0 and "nothing to run" in text, text
 
 
+# An activation with a floor on its time: the time-limit test's cell then outlasts the first
+# job whatever this machine's speed and load (a cell sized by measured speed alone finished
+# inside the first job when the measurement ran under load and the job alone).
+PACED_PLUGIN = """
+import time
+import torch
+from ablate.variants import ACTIVATIONS
+
+@ACTIVATIONS.register("gelu_paced_test")
+def gelu_paced(x):
+    time.sleep({pause_s})
+    return torch.nn.functional.gelu(x, approximate="tanh")
+"""
+PAUSE_S, LAYERS = 0.1, 2  # the tiny grid's blocks: one activation each a forward
+
+
 def test_a_cell_longer_than_its_time_limit_is_requeued_and_resumes_bit_for_bit(tmp_path):
     """--time 1 on a cell that needs more than one job: each job stops before the limit with a
     checkpoint, requeues itself and resumes; the metrics equal an uninterrupted local run's."""
-    from ablate.grid.spec import load_grid
+    from ablate.grid.spec import RUN_IMPORTS, load_grid
 
     batch_size, seq_len = 8, 64
-    # About 58 s of training at this machine's speed as measured now (alone; the job trains
-    # beside the reference run): the first job stops after ~40 s of training, so the limit cuts
-    # the cell even if the job runs 1.4x faster than measured.
-    steps = int(steps_per_second(tmp_path, batch_size, seq_len) * 58)
-    path = write_grid(tmp_path, "seed = [0]\n", steps=steps, name="limit", batch_size=batch_size, seq_len=seq_len)
-    grid, out, ref = load_grid(path), tmp_path / "out", tmp_path / "ref"
+    # At least 48 s of pauses in the training steps' forwards alone: the first job stops 15 s
+    # before its 60 s limit, after at most 45 s of training. Evaluation, probes and compute add
+    # some 30 s more; a second job (a third on a slow machine) finishes the cell.
+    steps = int(48 / (PAUSE_S * LAYERS))
+    (tmp_path / "paced.py").write_text(PACED_PLUGIN.format(pause_s=PAUSE_S))
+    path = write_grid(tmp_path, 'seed = [0]\nact = ["gelu_paced_test"]\n', steps=steps, name="limit",
+                      batch_size=batch_size, seq_len=seq_len)
+    path.write_text('imports = ["paced.py"]\n' + path.read_text())
+    grid, out, ref = load_grid(path, imports_policy=RUN_IMPORTS), tmp_path / "out", tmp_path / "ref"
     reference = {}
     # The uninterrupted run trains on the other core meanwhile.
     thread = threading.Thread(target=lambda: reference.update(
-        zip(("rc", "text"), run_grid(path, "--out", ref, "--workers", "1", "--quiet", timeout=600))))
+        zip(("rc", "text"), run_grid(path, "--out", ref, "--workers", "1", "--quiet", "--trust-imports",
+                                     timeout=600))))
     thread.start()
-    rc, text = run_grid(path, "--out", out, "--backend", "slurm", "--time", "1", "--quiet", timeout=600, env=ENV)
+    rc, text = run_grid(path, "--out", out, "--backend", "slurm", "--time", "1", "--quiet", "--trust-imports",
+                        timeout=600, env=ENV)
     thread.join()
     assert rc == 0, text
     assert reference["rc"] == 0, reference["text"]
