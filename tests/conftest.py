@@ -69,7 +69,8 @@ def text_file(tmp_path):
 # process, a long one picked up last would leave the other process idle at the end. Paths as in
 # the test ids, from the repository root.
 COSTLY_FIRST = ("tests/ablate/commands/test_ladder.py", "tests/ablate/kernels/test_parity.py",
-                "tests/ablate/kernels/test_cpu_cache.py", "tests/ablate/commands/test_grid.py", "tests/ablate/backends/test_slurm_backend.py",
+                "tests/ablate/kernels/test_cpu_cache.py", "tests/ablate/commands/test_grid.py",
+                "tests/ablate/backends/test_slurm_backend.py",
                 "tests/ablate/grid/test_spec.py", "tests/ablate/test_train.py",
                 "tests/ablate/kernels/test_triton_aot.py", "tests/ablate/test_config.py",
                 "tests/ablate/test_plugins.py")

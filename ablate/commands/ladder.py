@@ -58,6 +58,7 @@ class LadderPlan:
 
     def __init__(self, claim, source: Path, scale: str, overrides: dict, widths: list[int], full: bool,
                  imports_policy: str, out: Path, n_seeds: int | None = None):
+        from ablate.claim.design import own_seeds, seed_sequence
         from ablate.grid.spec import load_grid
         from ablate.ladder_rungs import (check_sizes, check_widths, grid_rates, read_grid_data, rungs_for, sweep_step,
                                    with_rates)
@@ -66,8 +67,6 @@ class LadderPlan:
         self.imports_policy = imports_policy
         self.data = read_grid_data(source)
         self.lrs = grid_rates(self.data)
-        from ablate.claim.design import own_seeds, seed_sequence
-
         own = load_grid(source, scale, overrides, imports_policy)
         self.seeds = seed_sequence(own_seeds(own), n_seeds) if n_seeds is not None else None  # None: the grid's
         ref = _base_config(own)

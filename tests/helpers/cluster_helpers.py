@@ -19,10 +19,11 @@ from tests.helpers.live_files import complete_lines, complete_rows
 
 # Tiny, fast cells: a 2-block model, short sequences, few eval batches, one torch thread (so a
 # cell's bits do not depend on where it runs).
+TINY_LAYERS = 2
 TINY = """
     [base]
     model = "tiny"
-    layers = 2
+    layers = {layers}
     batch_size = {batch_size}
     seq_len = {seq_len}
     eval_batches = 2
@@ -51,11 +52,13 @@ def one_ray_at_a_time():
 
 
 def write_grid(folder: Path, axes: str, *, steps: int, name: str, batch_size: int = 4, seq_len: int = 32,
-               checkpoint_every: int = 100_000) -> Path:
+               checkpoint_every: int = 100_000, imports: tuple[str, ...] = ()) -> Path:
+    """A tiny grid file; `imports`: plugin files it names (run only under --trust-imports)."""
     path = folder / f"{name}.toml"
-    base = TINY.format(steps=steps, batch_size=batch_size, seq_len=seq_len, eval_every=max(steps // 2, 1),
-                       checkpoint_every=checkpoint_every)
-    path.write_text(f'name = "{name}"\n' + textwrap.dedent(base) + "[axes]\n" + textwrap.dedent(axes))
+    base = TINY.format(layers=TINY_LAYERS, steps=steps, batch_size=batch_size, seq_len=seq_len,
+                       eval_every=max(steps // 2, 1), checkpoint_every=checkpoint_every)
+    head = f"imports = {json.dumps(list(imports))}\n" if imports else ""
+    path.write_text(head + f'name = "{name}"\n' + textwrap.dedent(base) + "[axes]\n" + textwrap.dedent(axes))
     return path
 
 

@@ -16,8 +16,9 @@ import pytest
 
 from ablate.backends.slurm_job import read_result
 
-from tests.helpers.cluster_helpers import (assert_complete, engine_missing, grid_process, killable_grid, logged_steps, metrics,
-                             run_grid, trained_ids, wait_until, without_timing, write_grid)
+from tests.helpers.cluster_helpers import (TINY_LAYERS, assert_complete, engine_missing, grid_process, killable_grid,
+                                           logged_steps, metrics, run_grid, trained_ids, wait_until, without_timing,
+                                           write_grid)
 
 pytestmark = pytest.mark.slow
 
@@ -99,7 +100,7 @@ def gelu_paced(x):
     time.sleep({pause_s})
     return torch.nn.functional.gelu(x, approximate="tanh")
 """
-PAUSE_S, LAYERS = 0.1, 2  # the tiny grid's blocks: one activation each a forward
+PAUSE_S = 0.1  # a call; the tiny grid's TINY_LAYERS blocks call it once each a forward
 
 
 def test_a_cell_longer_than_its_time_limit_is_requeued_and_resumes_bit_for_bit(tmp_path):
@@ -111,11 +112,10 @@ def test_a_cell_longer_than_its_time_limit_is_requeued_and_resumes_bit_for_bit(t
     # At least 48 s of pauses in the training steps' forwards alone: the first job stops 15 s
     # before its 60 s limit, after at most 45 s of training. Evaluation, probes and compute add
     # some 30 s more; a second job (a third on a slow machine) finishes the cell.
-    steps = int(48 / (PAUSE_S * LAYERS))
+    steps = int(48 / (PAUSE_S * TINY_LAYERS))
     (tmp_path / "paced.py").write_text(PACED_PLUGIN.format(pause_s=PAUSE_S))
     path = write_grid(tmp_path, 'seed = [0]\nact = ["gelu_paced_test"]\n', steps=steps, name="limit",
-                      batch_size=batch_size, seq_len=seq_len)
-    path.write_text('imports = ["paced.py"]\n' + path.read_text())
+                      batch_size=batch_size, seq_len=seq_len, imports=("paced.py",))
     grid, out, ref = load_grid(path, imports_policy=RUN_IMPORTS), tmp_path / "out", tmp_path / "ref"
     reference = {}
     # The uninterrupted run trains on the other core meanwhile.
