@@ -18,13 +18,16 @@ PACKAGE = REPO / "ablate"
 RUN_FOLDER_MODULES = ("ablate.rundir", "ablate.errors")
 # The declarations analysis shares with the engine, standard library only by their own rule
 # (ablate/registry.py: the one Registry; ablate/variant_axes.py: the variant axes, declared once;
-# ablate/cores.py: the cores this process may use; ablate/probe_registry.py: the probes, declared once).
-SHARED_DECLARATIONS = ("ablate.registry", "ablate.variant_axes", "ablate.cores", "ablate.probe_registry")
+# ablate/cores.py: the cores this process may use; ablate/probe_registry.py: the probes, declared once;
+# ablate/bounded_read.py: the one reader of JSON and TOML files, and its size caps).
+SHARED_DECLARATIONS = ("ablate.registry", "ablate.variant_axes", "ablate.cores", "ablate.probe_registry",
+                       "ablate.bounded_read")
 # Each folder of tests/ that mirrors a source folder: tests/ablate/grid/test_runner.py tests
 # ablate/grid/runner.py. (The tests of several modules at once sit at the top of tests/.)
 MIRRORED = {"ablate": REPO / "ablate", "analysis": REPO / "analysis", "variants": REPO / "variants",
             "helpers": REPO / "tests" / "helpers"}
-STANDARD_LIBRARY_ONLY = r"^(?:from|import) (?!__future__|dataclasses|typing|collections|os\b|ablate\.registry\b)"
+STANDARD_LIBRARY_ONLY = (r"^(?:from|import) (?!__future__|dataclasses|typing|collections|os\b|ablate\.registry\b"
+                         r"|ablate\.errors\b|json\b|math\b|stat\b|sys\b|tomllib\b|pathlib\b)")
 
 
 def private_imports(root: Path) -> list[str]:
@@ -82,7 +85,7 @@ def test_the_run_folder_module_needs_nothing_but_the_standard_library():
     code = ("import sys, ablate.rundir; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'pandas') or "
             "(m.startswith('ablate.') and m not in ('ablate.rundir', 'ablate.errors', 'ablate.analysis', "
-            "'ablate.analysis.safe_files'))))")
+            "'ablate.analysis.safe_files', 'ablate.bounded_read'))))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
