@@ -49,6 +49,8 @@ class SlurmBackend(Backend):
 
     def check(self) -> None:
         import_submitit()
+        if self.options.slurm_cluster == "slurm":  # before anything is written, not at prepare
+            check_sbatch()
 
     def prepare(self, todo: list[Cell]) -> None:
         o = self.options
@@ -87,6 +89,12 @@ def import_submitit():
     return submitit
 
 
+def check_sbatch() -> None:
+    if shutil.which("sbatch") is None:
+        raise ConfigError("--backend slurm: no SLURM here (sbatch not found); valid: run it on a SLURM "
+                          "login node, or --backend local|ray")
+
+
 def signal_delay_s(time_min: int) -> int:
     """How long before the time limit a task stops to finish its step, write a checkpoint and
     requeue (and when SLURM is asked to warn it with USR2). A quarter of the limit, 10 s to
@@ -114,9 +122,7 @@ def make_executor(folder: str | Path, *, cluster: str = "slurm", partition: str 
     if cluster not in CLUSTERS:
         raise ConfigError(f"unknown submitit cluster {cluster!r}; valid: {', '.join(CLUSTERS)}")
     if cluster == "slurm":
-        if shutil.which("sbatch") is None:
-            raise ConfigError("--backend slurm: no SLURM here (sbatch not found); valid: run it on a SLURM "
-                              "login node, or --backend local|ray")
+        check_sbatch()
         shown = " ".join(f"--{k} {v:g}" if isinstance(v, (int, float)) else f"--{k} {v}"
                          for k, v in (("partition", partition), ("time", time_min),
                                       ("cpus-per-cell", cpus_per_cell), ("gpus-per-job", gpus_per_job)) if v)

@@ -21,6 +21,8 @@ from ablate.errors import ConfigError
 
 DECIDE_DIR = "decide"
 MIN_SEEDS = 2  # fewer leaves no spread over seeds: no test at all
+MAX_SEEDS = 10_000  # `--seeds` of reproduce and ladder: far past any design; a larger number is a typo
+MAX_BUDGET_HOURS = 24 * 7 * 4  # `--budget`: four weeks of wall time
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smh])\s*$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600}
 
@@ -37,9 +39,16 @@ def parse_seeds(text: str | None) -> int | None:
         n = int(str(text).strip())
     except ValueError:
         n = None
-    if n is None or n < MIN_SEEDS:
-        raise ConfigError(f"--seeds {text!r} is not a number of seeds; valid: a whole number, at least {MIN_SEEDS}")
+    if n is None or not MIN_SEEDS <= n <= MAX_SEEDS:  # refused before any list of seeds is built
+        raise ConfigError(f"--seeds {_shown(text)} is not a number of seeds; valid: a whole number in "
+                          f"{MIN_SEEDS}..{MAX_SEEDS}")
     return n
+
+
+def _shown(text) -> str:
+    """A value as a refusal shows it: repr, its middle elided past 40 characters (a 400-digit number)."""
+    shown = repr(str(text))
+    return shown if len(shown) <= 40 else f"{shown[:18]}...{shown[-18:]} ({len(str(text))} characters)"
 
 
 def parse_budget(text: str | None) -> float | None:
@@ -48,9 +57,9 @@ def parse_budget(text: str | None) -> float | None:
         return None
     found = _DURATION.match(str(text))
     seconds = float(found.group(1)) * _UNIT_SECONDS[found.group(2)] if found else 0.0
-    if not seconds > 0:
-        raise ConfigError(f"--budget {text!r} is not a duration; valid: a positive number with a unit s, m or h, "
-                          "e.g. 90s, 30m, 1.5h")
+    if not 0 < seconds <= MAX_BUDGET_HOURS * 3600:  # a 400-digit number reads as inf: refused too
+        raise ConfigError(f"--budget {_shown(text)} is not a duration; valid: a positive number with a unit s, m or "
+                          f"h, up to {MAX_BUDGET_HOURS}h, e.g. 90s, 30m, 1.5h")
     return seconds
 
 
@@ -69,16 +78,19 @@ def seed_sequence(own: list[int], n: int) -> list[int]:
     return seeds
 
 
-def design_grid(claim, scale: str, overrides: dict, n_seeds: int | None = None, seeds: list[int] | None = None):
+def design_grid(claim, scale: str, overrides: dict, n_seeds: int | None = None, seeds: list[int] | None = None,
+                imports_policy: str | None = None):
     """The claim's grid at `scale` with every setting at `n_seeds` seeds (seed_sequence), or at
-    the given `seeds`; the grid's own seeds when neither is given."""
-    from ablate.grid.spec import load_grid
+    the given `seeds`; the grid's own seeds when neither is given. `imports_policy`: the grid
+    file's imports (ablate.grid.spec; None: its default, refused unless imported)."""
+    from ablate.grid.spec import REFUSE_IMPORTS, load_grid
 
+    policy = imports_policy or REFUSE_IMPORTS
     if n_seeds is None and seeds is None:
-        return load_grid(claim.grid, scale, overrides)
+        return load_grid(claim.grid, scale, overrides, policy)
     if seeds is None:
-        seeds = seed_sequence(own_seeds(load_grid(claim.grid, scale, overrides)), n_seeds)
-    return load_grid(claim.grid, scale, overrides, seeds=sorted(set(seeds)))
+        seeds = seed_sequence(own_seeds(load_grid(claim.grid, scale, overrides, policy)), n_seeds)
+    return load_grid(claim.grid, scale, overrides, policy, seeds=sorted(set(seeds)))
 
 
 def subset(grid, cell_ids):

@@ -14,7 +14,13 @@ seconds spent, so that a rerun after an interruption (kill -9 included) finishes
 was in without asking the budget again, and counts the time already spent. It holds no
 decision: decisions come from the cells alone, so the rerun ends on the same verdict.json. A
 decide.json that does not match this claim, scale and overrides, or does not parse, is set
-aside (named on the output) and the budget starts afresh.
+aside (named on the output) and the budget starts afresh. A look the record names as started
+is finished without asking the budget only if one of its unfinished cells was taken by a
+trainer (has a run folder): a record left by a run refused before training spends nothing.
+
+Exit status: 0 (1 if a cell failed) once the looks have decided, a "cannot tell" at the last
+look included; UNDECIDED when they stopped before deciding (the budget spent, cells busy or
+unfinished, a look left): its verdict.json says why, and a rerun resumes.
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ DECIDE_JSON = "decide.json"
 DECIDE_VERSION = 1
 ALL_DECIDED = "every clause decided"
 FIRST_RUN = "the rate sweep"  # a best-rate claim's first run: its grid's own seeds choose the rates
+UNDECIDED = 3  # exit status of a run that stopped before deciding (never 0: a script tells them apart)
 
 
 # ------------------------------------------------------------------------------ the record
@@ -106,6 +113,12 @@ def unfinished(cells: Path, ids: list[str]) -> list[str]:
     return [i for i in ids if finished_status(cells / i) not in DONE]
 
 
+def taken(cells: Path, ids: list[str]) -> bool:
+    """Whether a trainer ever took one of the cells `ids` (its lock made its run folder): the
+    evidence, beside decide.json's record, that a look was started and spent time."""
+    return any((cells / i).is_dir() for i in ids)
+
+
 def design_key(claim, req) -> dict:
     return {"claim": claim.name, "scale": req.scale, "overrides": {k: str(v) for k, v in sorted(req.overrides.items())}}
 
@@ -117,7 +130,8 @@ def next_look(claim, req, first, decision) -> tuple:
 
     named = {int(s) for sel in decision.next_cells
              for s in (sel.get("seed") if isinstance(sel.get("seed"), list) else [sel.get("seed", 0)])}
-    grid = design_grid(claim, req.scale, req.overrides, seeds=sorted(set(own_seeds(first)) | named))
+    grid = design_grid(claim, req.scale, req.overrides, seeds=sorted(set(own_seeds(first)) | named),
+                       imports_policy=req.imports_policy)
     return grid, selected_ids(grid, decision.next_cells)
 
 
@@ -133,7 +147,7 @@ def run_look(claim, cells: Path, req, grid, ids: list[str], index: int, log: Loo
     if not todo:
         return None, ""
     what = f"{name} ({len(todo)} cell{'s' if len(todo) != 1 else ''} to train)"
-    if not log.was_started(index, ids):  # a look started before is finished whatever is left
+    if not (log.was_started(index, ids) and taken(cells, todo)):  # a look started before is finished whatever is left
         refused = budget.refusal(look_seconds(subset(grid, todo), req) if req.budget is not None else 0.0, what)
         if refused:
             return None, refused
@@ -191,7 +205,7 @@ def run_decide(claim, cells: Path, req, grid=None, decide_fn=None, report_fn=Non
             break
         index, ids = look_index(decision, index + 1), next_ids
     write_decision(claim, cells, out, decision, stopped, log, report_fn)
-    return max(worst, 0 if decision is not None else 1), decision
+    return (worst if decision is not None and decision.done else UNDECIDED), decision
 
 
 def look_index(decision, default: int) -> int:

@@ -18,6 +18,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
+from ablate.claim.looks import UNDECIDED
 from ablate.errors import ConfigError
 
 ALL = "all"
@@ -32,6 +33,7 @@ QUICK_WORKERS = 2
 
 
 def add_arguments(p) -> None:
+    from ablate.claim.design import MAX_BUDGET_HOURS, MAX_SEEDS
     from ablate.commands.grid import add_execution_arguments
 
     p.add_argument("claim", nargs="?", metavar="NAME", help="a claim (see --list), `all`, or a claim file (TOML)")
@@ -41,17 +43,21 @@ def add_arguments(p) -> None:
     size.add_argument("--full", action="store_true", help="GPU-sized: the grid's [scales.gpu]")
     design = p.add_mutually_exclusive_group()
     design.add_argument("--seeds", metavar="N", help="a fixed design of N seeds instead of the grid's own (the "
-                                                     "grid's seeds, then the next ones); report in OUT/seeds-N/")
+                                                     "grid's seeds, then the next ones; at most "
+                                                     f"{MAX_SEEDS:,}); report in OUT/seeds-N/")
     design.add_argument("--decide", action="store_true",
                         help="add seeds in looks, only where a clause is undecided, until every clause is decided "
                              "or --budget is spent (a group-sequential test holds the error rate); report in "
-                             "OUT/decide/")
-    p.add_argument("--budget", metavar="TIME", help="with --decide: wall time for each claim, e.g. 30m, 90s, 1h; a "
-                                                   "look whose estimate does not fit in what is left is not started")
+                             f"OUT/decide/; exit status {UNDECIDED} when it stops before deciding (rerun to resume)")
+    p.add_argument("--budget", metavar="TIME", help="with --decide: wall time for each claim, e.g. 30m, 90s, 1h (at "
+                                                   f"most {MAX_BUDGET_HOURS} h); a look whose estimate does not fit in "
+                                                   "what is left is not started")
     p.add_argument("--dry-run", action="store_true", help="print the cells the design runs first and the estimate; "
                                                          "train and write nothing")
     p.add_argument("--out", type=Path, help="the cells' folder (default runs/claims/NAME[-full]; for `all`, the root)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override an option in every cell")
+    p.add_argument("--trust-imports", action="store_true",
+                   help="run the claim's grid file's `imports` (see `ablate grid`)")
     add_execution_arguments(p)  # --backend, --workers (default: 2 on CPU, 1 with --full), the cluster options
 
 
@@ -66,6 +72,7 @@ class Request:
     decide: bool = False
     budget: float | None = None  # seconds, with --decide
     dry_run: bool = False
+    imports_policy: str | None = None  # ablate.grid.spec's: RUN_IMPORTS with --trust-imports; None: its default
 
 
 # ------------------------------------------------------------------------------- claims
@@ -194,7 +201,7 @@ def request_from(args) -> Request:
     """The Request of parsed arguments; every bad value refused here, before anything is read."""
     from ablate.claim.design import check_seeds_override, parse_budget, parse_seeds
     from ablate.grid.runner import GridRunOptions
-    from ablate.grid.spec import parse_overrides
+    from ablate.grid.spec import REFUSE_IMPORTS, RUN_IMPORTS, parse_overrides
 
     n_seeds, budget = parse_seeds(args.seeds), parse_budget(args.budget)
     if budget is not None and not args.decide:
@@ -206,7 +213,8 @@ def request_from(args) -> Request:
     overrides = parse_overrides(args.set)
     if n_seeds is not None or args.decide:
         check_seeds_override(overrides, "--decide" if args.decide else f"--seeds {n_seeds}")
-    return Request("gpu" if args.full else "cpu", overrides, options, n_seeds, args.decide, budget, args.dry_run)
+    return Request("gpu" if args.full else "cpu", overrides, options, n_seeds, args.decide, budget, args.dry_run,
+                   RUN_IMPORTS if args.trust_imports else REFUSE_IMPORTS)
 
 
 def run(args) -> int:
@@ -232,7 +240,8 @@ def plan_design(claim, cells: Path, req: Request):
     from ablate.claim.design import design_grid
     from ablate.grid.runner import check_grid
 
-    grid = design_grid(claim, req.scale, req.overrides, None if req.decide else req.n_seeds)
+    grid = design_grid(claim, req.scale, req.overrides, None if req.decide else req.n_seeds,
+                       imports_policy=req.imports_policy)
     check_grid(grid, cells)
     notes = check_claim_grid(claim, grid)
     if not req.decide:  # --decide adds the seeds a clause needs
@@ -307,7 +316,27 @@ def print_plan(claim, grid, cells: Path, req: Request) -> None:
 def reproduce(claim, cells: Path, req: Request, grid=None):
     """Run the claim's design on the grid machinery into the grid folder `cells`, then write its
     report and verdict. Returns (exit status, Verdict or None); with --decide, (exit status,
-    the sequential Decision or None)."""
+    the sequential Decision or None). Once the inputs and the backend are checked (nothing
+    written before), the run holds the folder's claim lock to its end (ablate/claim/lock.py);
+    a dry run, which writes nothing, takes none."""
+    from ablate.claim.lock import claim_lock
+
+    grid = grid or plan_design(claim, cells, req)
+    if req.dry_run:
+        return _reproduce(claim, cells, req, grid)
+    check_backend(grid, cells, req)
+    with claim_lock(cells):
+        return _reproduce(claim, cells, req, grid)
+
+
+def check_backend(grid, cells: Path, req: Request) -> None:
+    """The backend can run here (its library, sbatch, the local devices): ConfigError if not."""
+    from ablate.backends import backend_class
+
+    backend_class(req.options.backend)(req.options, grid, cells).check()
+
+
+def _reproduce(claim, cells: Path, req: Request, grid):
     if req.decide:
         from ablate.claim.looks import run_decide
 
@@ -316,7 +345,6 @@ def reproduce(claim, cells: Path, req: Request, grid=None):
     from ablate.claim.design import design_out
     from ablate.grid.runner import run_grid
 
-    grid = grid or plan_design(claim, cells, req)
     out = design_out(cells, req.n_seeds, decide=False)
     print_plan(claim, grid, cells, req)
     if req.dry_run:
@@ -330,6 +358,9 @@ def reproduce(claim, cells: Path, req: Request, grid=None):
     if status == 2:
         return status, None
     out.mkdir(parents=True, exist_ok=True)
+    from ablate.claim.looks import unfinished
+
+    left = unfinished(cells, [c.id for c in grid.cells]) if status == 0 else []  # not waited for, or busy
     from ablate.claim.design import own_seeds
 
     report, verdict = write_claim_report(claim, out, cells=cells if out != cells else None, seeds=own_seeds(grid))
@@ -339,9 +370,32 @@ def reproduce(claim, cells: Path, req: Request, grid=None):
     for note in verdict.notes:
         print(f"  note: {note}", flush=True)
     return status, verdict
+    if left:
+        print(f"{claim.name}: {len(left)} of {len(grid.cells)} cells not finished (e.g. {left[0]}): the verdict is "
+              "not final; rerun to resume", flush=True)
+        return UNDECIDED, verdict
 
 
 def run_all(root: Path | None, req: Request) -> int:
+# `all`'s exit status: the worst of its claims' in this order (an input refused, then a claim
+# not decided, then a failed cell).
+EXIT_RANK = (0, 1, UNDECIDED, 2)
+
+
+def _all_locked(planned, grids, req: Request):
+    """Every claim's lock (ablate/claim/lock.py), taken before the first claim runs and once every
+    backend is checked, so a refusal comes before anything is written; none for a dry run."""
+    from contextlib import nullcontext
+
+    from ablate.claim.lock import claim_locks
+
+    if req.dry_run:
+        return nullcontext()
+    for (_, cells), grid in zip(planned, grids):
+        check_backend(grid, cells, req)
+    return claim_locks([cells for _, cells in planned])
+
+
     from ablate.analysis.claim_report import write_index
     from ablate.claim.design import design_out
 
@@ -350,10 +404,11 @@ def run_all(root: Path | None, req: Request) -> int:
     planned = [(claim, default_cells(claim, req.scale, root)) for claim in claims.values()]
     grids = [plan_design(claim, cells, req) for claim, cells in planned]  # every one checked first
     worst, entries = 0, []
-    for (claim, cells), grid in zip(planned, grids):
-        status, verdict = reproduce(claim, cells, req, grid)
-        worst = max(worst, status)
-        entries.append((claim, design_out(cells, req.n_seeds, req.decide), verdict))
+    with _all_locked(planned, grids, req):
+        for (claim, cells), grid in zip(planned, grids):
+            status, verdict = reproduce(claim, cells, req, grid)
+            worst = max(worst, status, key=EXIT_RANK.index)
+            entries.append((claim, design_out(cells, req.n_seeds, req.decide), verdict))
     if req.dry_run:
         return worst
     suffix = "" if req.scale == "cpu" else "-full"

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ablate.claim.design import parse_budget, seed_sequence
+from ablate.claim.looks import UNDECIDED
 from ablate.cli import main
 from ablate.errors import ConfigError
 
@@ -87,7 +88,15 @@ def test_a_budget_reads_as_a_duration(text, seconds):
     (["--decide", "--budget=-5m"], "--budget '-5m' is not a duration"),
     (["--decide", "--budget", "ten"], "--budget 'ten' is not a duration"),
     (["--budget", "30m"], "--budget 30m is for --decide"),
-    (["--seeds", "1"], "--seeds '1' is not a number of seeds; valid: a whole number, at least 2"),
+    (["--seeds", "1"], "--seeds '1' is not a number of seeds; valid: a whole number in 2..10000"),
+    # E1: a ceiling, checked before any list of seeds is built (a billion took 5 GB and never answered)
+    (["--seeds", "1000000000", "--dry-run"], "--seeds '1000000000' is not a number of seeds; valid: a whole number "
+                                             "in 2..10000"),
+    (["--seeds", "9" * 401, "--dry-run"], "(401 characters) is not a number of seeds; valid: a whole number in"),
+    # E7: a 400-digit budget is no infinite budget
+    (["--decide", "--budget", "9" * 400 + "h"], "(401 characters) is not a duration; valid: a positive number with a "
+                                                "unit s, m or h, up to 672h"),
+    (["--decide", "--budget", "673h"], "--budget '673h' is not a duration"),
     (["--seeds", "six"], "--seeds 'six' is not a number of seeds"),
     (["--seeds=-3"], "--seeds '-3' is not a number of seeds"),
     (["--seeds", "6", "--set", "seed=1"], "--set seed=1 and --seeds 6 contradict each other"),
@@ -241,7 +250,7 @@ def test_a_look_that_does_not_fit_the_budget_is_not_started(tmp_path, monkeypatc
         _decide(tmp_path, budget=7.4)  # look 1: 9 cells, 9 s: does not fit
     assert not (tmp_path / "cells").exists() and len(estimates) == 1 and len(estimates[0]) == 9
     status, decision, cells = _decide(tmp_path, budget=30.0)  # look 1 fits (9 s); look 2's 6 cells (60 s) do not
-    assert status == 0 and not decision.done and estimates[-1] == sorted(
+    assert status == UNDECIDED and not decision.done and estimates[-1] == sorted(
         i for i in {f"pre.layernorm.{a}.dense.res__seed={s}" for a in ("gelu", "relu") for s in (3, 4, 5)})
     verdict = json.loads((cells / "decide" / "verdict.json").read_text())
     assert verdict["stopped"].startswith("budget: look 2 (6 cells to train), about 1m00s, does not fit in the ")
@@ -372,4 +381,121 @@ def test_a_best_rate_claims_first_run_is_named_the_rate_sweep_not_look_1(tmp_pat
                                   decide_fn=decide_double, report_fn=report_double)
     printed = capsys.readouterr().out
     assert f"mini-decide: {FIRST_RUN} (18 cells to train), 18 cells in all" in printed and "look 1" not in printed
-    assert decision is None and status == 1  # its cells never finished: said so, nothing decided
+    assert decision is None and status == UNDECIDED  # its cells never finished: said so, nothing decided
+
+
+# ------------------------------------------------- one writer per claim folder; nothing written early
+
+
+def _holding_process(claim: Path, cells: Path, *flags) -> tuple[subprocess.Popen, int]:
+    """`ablate reproduce CLAIM --decide` whose first cell never ends (tests/helpers/holding_reproduce.py):
+    it holds the folder's lock, and says so on the pipe returned (its read end)."""
+    read, write = os.pipe()
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "helpers" / "holding_reproduce.py"), str(write),
+                             "reproduce", str(claim), "--decide", "--out", str(cells), "--quiet", "--workers", "0",
+                             *flags], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, pass_fds=(write,))
+    os.close(write)
+    return proc, read
+
+
+def _until_holding(proc: subprocess.Popen, read: int) -> None:
+    """Block until the process says it holds the lock (or it dies: the pipe's end, no sleep)."""
+    import select
+
+    ready = select.select([read], [], [], 300)[0]
+    said = os.read(read, 200) if ready else b""
+    os.close(read)
+    if not said.startswith(b"holding "):
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError(f"the holding run never held the lock: {proc.communicate()[0]}")
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _files(folder: Path) -> dict:
+    """Every entry under `folder` (itself included) with what a write would change."""
+    return {str(p.relative_to(folder)): (p.stat().st_ino, p.stat().st_size, p.stat().st_mtime_ns)
+            for p in [folder, *folder.rglob("*")]}
+
+
+@pytest.mark.slow
+def test_a_second_run_on_a_held_claim_folder_is_refused_naming_the_holder_and_a_kill_frees_it(tmp_path, capsys):
+    claim, cells = mini_claim(tmp_path), tmp_path / "cells"
+    first, read = _holding_process(claim, cells)
+    try:
+        _until_holding(first, read)
+        before = _files(cells)
+        for design in (["--decide"], ["--seeds", "4"], []):
+            assert main(["reproduce", str(claim), *design, "--workers", "0", "--out", str(cells), "--quiet"]) == 2
+            err = capsys.readouterr().err
+            assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+            assert f"{cells} is being written by another `ablate reproduce` (pid {first.pid} on " in err
+            assert _files(cells) == before  # nothing the second run would have written
+        # the readers read on
+        assert main(["reproduce", str(claim), "--decide", "--dry-run", "--out", str(cells)]) == 0
+        assert main(["status", str(cells)]) == 0
+        assert "9 cells" in capsys.readouterr().out
+        assert _files(cells) == before
+    finally:
+        _kill(first)
+    rerun, read = _holding_process(claim, cells)  # kill -9 left no stale lock
+    try:
+        _until_holding(rerun, read)
+    finally:
+        _kill(rerun)
+
+
+def test_a_backend_that_cannot_run_here_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    # E10: without sbatch, --decide used to write decide.json (look 1 started) before the refusal
+    import ablate.backends.slurm_backend as slurm
+
+    monkeypatch.setattr(slurm.shutil, "which", lambda name: None)
+    cells = tmp_path / "cells"
+    for design in (["--decide"], ["--seeds", "4"], []):
+        assert main(["reproduce", str(mini_claim(tmp_path)), *design, "--backend", "slurm", "--out", str(cells)]) == 2
+        err = capsys.readouterr().err
+        assert "--backend slurm: no SLURM here (sbatch not found)" in err and len(err.strip().splitlines()) == 1
+        assert not cells.exists()
+
+
+def test_a_look_recorded_as_started_but_never_taken_asks_the_budget_again(tmp_path, monkeypatch, capsys):
+    # E10's second half: a record a refused run left behind (look 1 started, no cell taken) must not
+    # let a later `--budget 1s` skip the budget check and train the look.
+    from types import SimpleNamespace
+
+    import ablate.commands.reproduce as reproduce
+    from ablate.claim.design import design_grid
+    from ablate.claim.looks import DECIDE_JSON, LookLog, design_key
+
+    claim, cells = mini_claim(tmp_path), tmp_path / "cells"
+    loaded = reproduce.find_claim(str(claim))
+    ids = [c.id for c in design_grid(loaded, "cpu", {}).cells]
+    key = design_key(loaded, SimpleNamespace(scale="cpu", overrides={}))
+    LookLog(key, [sorted(ids)], 0.0).write(cells / "decide" / DECIDE_JSON)
+    monkeypatch.setattr(reproduce, "look_seconds", lambda grid, req: 10.0 * len(grid.cells))
+    trained = []
+    monkeypatch.setattr("ablate.grid.runner.run_grid", lambda *a, **k: trained.append(a) or 0)
+    assert main(["reproduce", str(claim), "--decide", "--budget", "1s", "--workers", "0", "--out", str(cells)]) == 2
+    err = capsys.readouterr().err
+    assert "--budget: look 1 (9 cells to train), about 1m30s, does not fit in the " in err and not trained
+
+
+def test_reproduce_takes_trust_imports_as_grid_does(tmp_path, capsys):
+    # a claim whose grid imports a plugin was refused with "valid: --trust-imports", which reproduce refused
+    (tmp_path / "plug.py").write_text("import torch\nfrom ablate.variants import ACTIVATIONS\n\n"
+                                      "@ACTIVATIONS.register('relu_reproduce_test')\ndef relu(x):\n"
+                                      "    return torch.relu(x)\n")
+    claim = mini_claim(tmp_path)
+    grid = tmp_path / "mini.toml"
+    grid.write_text(grid.read_text().replace('name = "mini-decide"', 'name = "mini-decide"\nimports = ["plug.py"]')
+                    .replace('"silu"]', '"relu_reproduce_test"]'))
+    argv = ["reproduce", str(claim), "--dry-run", "--out", str(tmp_path / "cells")]
+    assert main(argv) == 2
+    assert "valid: --trust-imports" in capsys.readouterr().err
+    assert main([*argv, "--trust-imports"]) == 0
+    assert "relu_reproduce_test" in capsys.readouterr().out
+    assert not (tmp_path / "cells").exists()
