@@ -679,3 +679,9 @@ def _progress(cfg: TrainConfig, start: int, quiet: bool):
     from tqdm import tqdm
 
     return tqdm(total=cfg.steps, initial=start, unit="step", dynamic_ncols=True)
+
+
+# The lone loop's parts that a pack of stacked seeds (ablate/pack_train.py) reuses, so each member
+# is built, resumed, logged, checkpointed and finished by the same code as its cell alone.
+build_run, resume_run, finish_run, save_checkpoint = _build, _resume, _finish, _save_checkpoint
+open_metrics, graceful_signals, cpu_forms_for = _open_metrics, _graceful_signals, _cpu_forms_for

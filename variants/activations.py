@@ -26,15 +26,24 @@ class _GeluTanhCPU(torch.autograd.Function):
     Saved for the backward: the input, the sigmoid and the output (which the next linear layer
     keeps anyway), so it adds one activation-sized tensor per MLP to what F.gelu keeps."""
 
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        s = torch.addcmul(x.new_tensor(_K), x, x, value=_KC).mul_(x).sigmoid_()  # sigmoid(2u)
-        y = x * s
-        ctx.save_for_backward(x, s, y)
-        return y
+    # Written in functorch's form (forward without ctx, setup_context) so that vmap can batch
+    # it: a pack of stacked seeds (ablate/pack_train.py) runs the model under torch.func.vmap.
+    generate_vmap_rule = True
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+    def forward(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s = torch.addcmul(x.new_tensor(_K), x, x, value=_KC).mul_(x).sigmoid_()  # sigmoid(2u)
+        return x * s, s
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        (x,), (y, s) = inputs, output
+        ctx.mark_non_differentiable(s)
+        ctx.set_materialize_grads(False)  # no zeros made for `s`, which nothing differentiates
+        ctx.save_for_backward(x, s, y)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor, _grad_s: torch.Tensor | None = None) -> torch.Tensor:
         x, s, y = ctx.saved_tensors
         # d/dx x*s(2u) = s + x*s*(1 - s) * d(2u)/dx, with d(2u)/dx = _K + 3*_KC*x^2 and x*s = y.
         d = torch.addcmul(y, y, s, value=-1).mul_(torch.addcmul(x.new_tensor(_K), x, x, value=3 * _KC)).add_(s)
@@ -47,7 +56,7 @@ def gelu(x: torch.Tensor) -> torch.Tensor:
     On the CPU in float32 or float64, eagerly, as `_GeluTanhCPU` (the same function, faster
     there); elsewhere (GPUs, bfloat16, inside torch.compile) torch's own fused kernel."""
     if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and not torch.compiler.is_compiling():
-        return _GeluTanhCPU.apply(x)
+        return _GeluTanhCPU.apply(x)[0]
     return F.gelu(x, approximate="tanh")
 
 

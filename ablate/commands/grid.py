@@ -44,6 +44,12 @@ def add_execution_arguments(p) -> None:
     p.add_argument("--cpus-per-cell", type=float, metavar="N",
                    help="ray/slurm: CPUs reserved per cell, also its torch threads (ray default 1)")
     p.add_argument("--retries", type=int, default=1, metavar="N", help="retries of a failing cell before it is recorded failed (default 1)")
+    from ablate.pack import STACK_DEFAULT
+
+    p.add_argument("--stack", default=STACK_DEFAULT, metavar="K",
+                   help="local: train up to K cells that differ only in seed (lr, warmup) as one stacked model; "
+                        f"auto (default {STACK_DEFAULT}): as many as fit on a CUDA device, 1 on a CPU; 1 = off "
+                        "(docs/performance.md)")
     p.add_argument("--quiet", action="store_true", help="no progress bars; still a line per cell and a summary")
     ray = p.add_argument_group("ray backend")
     ray.add_argument("--address", help="Ray cluster address (auto = the running cluster; default: start a local Ray)")

@@ -22,6 +22,7 @@ from ablate.backends import BACKENDS, backend_class
 from ablate.backends.base import CellFn, RunResult
 from ablate.cell import CellResources
 from ablate.errors import ConfigError
+from ablate.pack import STACK_AUTO, STACK_DEFAULT, dispatch, parse_stack
 from ablate.progress import Progress
 from ablate.rundir import FAILED, FINISHED, PENDING, RUNNING, SUMMARY
 from ablate.timefmt import fmt_time
@@ -47,6 +48,7 @@ class GridRunOptions:
     array_parallelism: int | None = None  # slurm: array tasks running at once
     slurm_cluster: str = "slurm"  # slurm: submitit executor (local, debug: for tests)
     no_wait: bool = False  # slurm: submit and return
+    stack: int | str = STACK_DEFAULT  # local: most seeds trained as one stacked model (ablate/pack.py); 1 = off
 
     def __post_init__(self):
         def need(ok, message):
@@ -63,6 +65,9 @@ class GridRunOptions:
         need(self.gpus_per_job is None or self.gpus_per_job >= 0, f"--gpus-per-job {self.gpus_per_job} must be 0 or more")
         need(self.array_parallelism is None or self.array_parallelism >= 1,
              f"--array-parallelism {self.array_parallelism} must be at least 1")
+        stack = parse_stack(self.stack)  # ConfigError naming a bad value
+        need(self.backend == "local" or stack in (STACK_AUTO, 1),
+             f"--stack {self.stack} is for --backend local; valid with {self.backend}: --stack 1 or auto")
         if self.backend != "local":
             need(self.workers is None, f"--workers is for --backend local; valid with {self.backend}: --cpus-per-cell, "
                  + ("--gpus-per-cell" if self.backend == "ray" else "--gpus-per-job, --array-parallelism"))
@@ -141,8 +146,13 @@ def run_checked_grid(grid, out: Path, options: GridRunOptions, cell_fn: CellFn |
     t0 = time.time()
 
     retried = sum(1 for c in todo if (out / c.id / SUMMARY).exists())  # failed before: tried again
+    packs = 0
+    if todo and options.backend == "local":  # cells of a pack reach the backend as one (ablate/pack.py)
+        dispatched, cell_fn, packs = dispatch(todo, executions, options.stack, cell_fn)
     plan = (f"{len(todo)} to run on {backend.describe(todo, executions)}"
+            + (f", seeds stacked in {packs} pack{'s' if packs != 1 else ''}" if packs else "")
             + (f" ({retried} failed before, tried again)" if retried else "") if todo else "nothing to run")
+    todo = dispatched if packs else todo
     print(f"grid {grid.name}: {_cells(len(grid.cells))}, {grid.total_steps:,} steps; {len(finished)} already finished, "
           f"{plan} -> {out}", flush=True)
     progress = Progress(grid.name, len(todo), backend.slots(todo) if todo else 0, quiet=options.quiet)
