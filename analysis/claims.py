@@ -321,7 +321,7 @@ def check_against_grid(claim: Claim, cells: pd.DataFrame) -> list[str]:
 def seed_floor_notes(claim: Claim, cells: pd.DataFrame) -> list[str]:
     """"clause (a) ...: cannot decide with 3 seeds; needs at least 6", for each clause whose test
     cannot reach the claim's level at the seeds its grid gives it (the fresh seeds, for a best
-    rate): a sign test's smallest p at n seeds is 1/2^n; a t test needs two seeds."""
+    rate): every sampled kind is read by the sign test, whose smallest p at n seeds is 1/2^n."""
     from ablate.analysis.decide import sign_test_min_seeds
     from ablate.analysis.verdict import SWEEP_SEEDS
 
@@ -333,10 +333,10 @@ def seed_floor_notes(claim: Claim, cells: pd.DataFrame) -> list[str]:
             if kind == "exact":
                 continue
             have = max(0, len(seeds) - SWEEP_SEEDS) if c.best_lr else len(seeds)
-            need = sign_test_min_seeds(claim.alpha) if kind == "binary" else 2
+            need = sign_test_min_seeds(claim.alpha)  # every sampled kind is read by the sign test
             if have < need:
                 fresh = " fresh" if c.best_lr else ""
-                first = sign_test_min_seeds(claim.first_step_level) if kind == "binary" else need
+                first = sign_test_min_seeds(claim.first_step_level)
                 holm = (f" ({first} at Holm's first step, one-sided {claim.alpha:g} / {len(claim.clauses)} clauses)"
                         if first != need else "")
                 notes.append(f"clause ({'abcdefghijklmnopqrstuvwxyz'[i]}) {clause.label!r}: cannot decide with {have}"

@@ -45,9 +45,9 @@ from scipy import stats as scipy_stats
 
 from ablate.analysis import decide
 from ablate.analysis.claim_checks import CLAUSE_LETTERS
-from ablate.analysis.claim_measures import Context
+from ablate.analysis.claim_measures import MEASURES, Context
 from ablate.analysis.claims import Claim, Clause
-from ablate.analysis.verdict import (AGREES, CANNOT_TELL, DISAGREES, SWEEP_SEEDS, Result, compare, headline,
+from ablate.analysis.verdict import (AGREES, CANNOT_TELL, DISAGREES, SMALLER, SWEEP_SEEDS, Result, compare, headline,
                                      run_test)
 
 # Seeds a clause has at each look (fresh seeds for a best-rate comparison). The last look is the
@@ -127,6 +127,7 @@ class Look:
     outcome: str = CANNOT_TELL
     level: float = decide.ONE_SIDED_ALPHA  # the clause's one-sided level when this look was read
     beyond: bool = False  # every comparison also shown beyond its smallest effect of interest
+    shown: bool = False  # "agrees" crossed its boundary (with DISAGREES: shown the claimed way, smaller than claimed)
 
 
 @dataclass
@@ -142,6 +143,8 @@ class ClauseDecision:
     next_seeds: tuple | None = None
     needs: list = field(default_factory=list)
     rates: dict = field(default_factory=dict)
+    estimand: str = ""  # what its test is about (decide.ESTIMANDS), per comparison
+    waits_for: list = field(default_factory=list)  # labels of comparisons not yet shown, beside ones that are
 
     @property
     def seeds_used(self) -> int:
@@ -165,12 +168,13 @@ def clause_looks(results: list[Result], level: float, looks: tuple = LOOKS) -> l
         p_agree = None if any(t is None or t.p_value is None for t in tests) else max(t.p_value for t in tests)
         futile = [t.p_futile for t in tests if t is not None and t.p_futile is not None]
         p_futile = min(1.0, min(futile) * len(tests)) if futile else None
-        outcome = (DISAGREES if p_futile is not None and p_futile <= nominal[k] else
-                   AGREES if p_agree is not None and p_agree <= nominal[k] else CANNOT_TELL)
+        shown = p_agree is not None and p_agree <= nominal[k]
+        outcome = DISAGREES if p_futile is not None and p_futile <= nominal[k] else AGREES if shown else CANNOT_TELL
         decisive = max(tests, key=lambda t: -1 if t is None or t.p_value is None else t.p_value)
         beyond = all(t is not None and t.beyond(nominal[k]) for t in tests)
         out.append(Look(n, tuple(results[0].seed_ids[:n]), _z(p_agree), _z(p_futile), cs[k], nominal[k],
-                        None if decisive is None else decisive.estimate, p_agree, p_futile, outcome, level, beyond))
+                        None if decisive is None else decisive.estimate, p_agree, p_futile, outcome, level, beyond,
+                        shown))
         if outcome != CANNOT_TELL:
             break
     return out
@@ -180,7 +184,8 @@ def _exact_look(results: list[Result]) -> Look:
     right = all(r.exact_right() for r in results)
     return Look(results[0].n_seeds, tuple(results[0].seed_ids), None, None, math.inf, 0.0,
                 results[0].test.estimate if results[0].test else None, None, None,
-                (AGREES if right else DISAGREES) if all(r.test for r in results) else CANNOT_TELL, 0.0, right)
+                (AGREES if right else DISAGREES) if all(r.test for r in results) else CANNOT_TELL, 0.0, right,
+                right and all(r.test for r in results))
 
 
 # ------------------------------------------------------------------------------ the claim
@@ -192,6 +197,7 @@ class Decision:
     clauses: list  # of ClauseDecision
     headline: str
     conjunction: bool  # every clause shown at the full alpha (the headline's "agrees")
+    looks: tuple = LOOKS  # the spending plan's looks (seeds)
 
     @property
     def done(self) -> bool:
@@ -203,7 +209,7 @@ class Decision:
 
     def to_json(self) -> dict:
         return {"claim": self.claim.name, "headline": self.headline, "done": self.done, "unit": "seed",
-                "alpha": self.claim.alpha, "looks": list(LOOKS), "conjunction": self.conjunction,
+                "alpha": self.claim.alpha, "looks": list(self.looks), "conjunction": self.conjunction,
                 "clauses": [_clause_json(c) for c in self.clauses]}
 
 
@@ -214,7 +220,9 @@ def _clause_json(c: ClauseDecision) -> dict:
             "looks": [{"seeds": lk.n_seeds, "seed_ids": list(lk.seeds), "statistic": _finite(lk.statistic),
                        "futility_statistic": _finite(lk.futility_statistic), "boundary": _finite(lk.boundary),
                        "nominal_level": lk.nominal_level, "estimate": lk.estimate, "p_value": lk.p_value,
-                       "p_futile": lk.p_futile, "outcome": lk.outcome} for lk in c.looks]}
+                       "p_futile": lk.p_futile, "outcome": lk.outcome, "shown": lk.shown} for lk in c.looks],
+            "estimand": c.estimand, "smaller_than_claimed": c.status == DISAGREES and bool(c.looks) and c.looks[-1].shown,
+            "waits_for": c.waits_for}
 
 
 def _finite(x: float | None) -> float | None:
@@ -234,23 +242,34 @@ def decide_claim(claim: Claim, source, metrics=None, looks: tuple = LOOKS) -> De
     return decide_results(claim, results, looks)
 
 
-def decide_results(claim: Claim, results: list[list[Result]], looks: tuple = LOOKS) -> Decision:
-    """Graphical Holm over the clauses' sequential paths; the conjunction at the full level."""
-    m = len(claim.clauses)
-    decided: set[int] = set()
+def graphical_holm(m: int, alpha: float, looks_of) -> tuple[dict, set]:
+    """({clause: its looks}, the clauses rejected): each clause's path at alpha / (clauses not yet
+    rejected), `looks_of(j, level)` giving clause j's looks at a level; a clause whose "agrees"
+    crossed (Look.shown) passes its share on and the others are read again at the larger level,
+    until nothing changes. A futility stop is not a rejection and passes nothing on."""
+    rejected: set[int] = set()
     paths: dict[int, list[Look]] = {}
-    while True:  # recycle a decided clause's share of alpha to the others until nothing changes
-        level = claim.alpha / max(1, m - len(decided))
-        paths = {j: (paths[j] if j in decided else clause_looks(results[j], level, looks)) for j in range(m)}
-        newly = {j for j in range(m) if j not in decided and paths[j] and paths[j][-1].outcome != CANNOT_TELL}
+    while True:
+        level = alpha / max(1, m - len(rejected))
+        paths = {j: (paths[j] if j in rejected else looks_of(j, level)) for j in range(m)}
+        newly = {j for j in range(m) if j not in rejected and paths[j] and paths[j][-1].shown}
         if not newly:
-            break
-        decided |= newly
-    levels = {j: paths[j][-1].level if paths[j] else claim.alpha / max(1, m - len(decided)) for j in range(m)}
+            return paths, rejected
+        rejected |= newly
+
+
+def decide_results(claim: Claim, results: list[list[Result]], looks: tuple = LOOKS) -> Decision:
+    """Graphical Holm over the clauses' sequential paths; the conjunction at the full level.
+    Only a clause whose "agrees" crossed its boundary (it may also have been found smaller than
+    claimed) passes its share of alpha on; a clause stopped for futility keeps its share locked:
+    futility rejects no hypothesis of the family (Bretz et al. 2009; Maurer & Bretz 2013)."""
+    m = len(claim.clauses)
+    paths, rejected = graphical_holm(m, claim.alpha, lambda j, level: clause_looks(results[j], level, looks))
+    levels = {j: paths[j][-1].level if paths[j] else claim.alpha / max(1, m - len(rejected)) for j in range(m)}
     clauses = [_clause_decision(j, claim.clauses[j], results[j], paths[j], levels[j], looks) for j in range(m)]
     full = [clause_looks(results[j], claim.alpha, looks) for j in range(m)]
     conjunction = all(p and p[-1].outcome == AGREES for p in full)
-    return Decision(claim, clauses, headline([c.status for c in clauses], conjunction), conjunction)
+    return Decision(claim, clauses, headline([c.status for c in clauses], conjunction), conjunction, tuple(looks))
 
 
 def _clause_decision(j: int, clause: Clause, results: list[Result], path: list[Look], level: float,
@@ -258,7 +277,9 @@ def _clause_decision(j: int, clause: Clause, results: list[Result], path: list[L
     status = path[-1].outcome if path else CANNOT_TELL
     rates = _rates(results)
     shown = tuple(_at_look(r, path[-1]) for r in results) if path else tuple(results)
-    c = ClauseDecision(CLAUSE_LETTERS[j], clause.label, status, status != CANNOT_TELL, "", path, level, shown, rates=rates)
+    c = ClauseDecision(CLAUSE_LETTERS[j], clause.label, status, status != CANNOT_TELL, "", path, level, shown, rates=rates,
+                       estimand="; ".join(dict.fromkeys(decide.ESTIMANDS[r.kind] for r in results)))
+    c.waits_for = waiting(shown, path[-1].nominal_level) if path and status == CANNOT_TELL else []
     c.why = _why(c, results, looks)
     if not c.decided:
         have = _units(results)
@@ -281,6 +302,13 @@ def _at_look(r: Result, look: Look) -> Result:
                    seed_values=r.seed_values[:look.n_seeds], test=run_test(r, look.nominal_level, look.n_seeds))
 
 
+def waiting(results, level: float) -> list[str]:
+    """The labels of a clause's comparisons not yet shown at `level` while another one is: the
+    clause (intersection-union) waits for them."""
+    shown = [r.test is not None and r.test.shown(level) for r in results]
+    return [r.compare.label for r, ok in zip(results, shown) if not ok] if any(shown) and not all(shown) else []
+
+
 def _why(c: ClauseDecision, results: list[Result], looks: tuple) -> str:
     if not c.looks:
         notes = [r.note for r in results if r.note]
@@ -299,14 +327,20 @@ def _why(c: ClauseDecision, results: list[Result], looks: tuple) -> str:
             return "an exact count short of the effect, or the other way"
         # The statistic is the clause's least convincing comparison's z: at or under -boundary that
         # comparison's repeated confidence bound excludes 0 on the other side.
+        if last.shown:
+            return (f"{SMALLER}: shown beyond 0 the claimed way at {last.n_seeds} seeds (z {last.statistic:.2f} >= "
+                    f"boundary {last.boundary:.2f}), and no effect as large as {effects} (z "
+                    f"{last.futility_statistic:.2f} >= boundary {last.boundary:.2f})")
         other = last.statistic is not None and last.statistic <= -last.boundary
         which = "shown the other way" if len(results) == 1 else "a comparison shown the other way"
         return (f"no effect as large as {effects} at {last.n_seeds} seeds (z {last.futility_statistic:.2f} >= "
                 f"boundary {last.boundary:.2f})" + (f"; {which} (z {last.statistic:.2f} <= -{last.boundary:.2f})"
                                                     if other else ""))
+    wait = f"; waits for its other comparison{'s' if len(c.waits_for) > 1 else ''}: " + "; ".join(
+        c.waits_for) if c.waits_for else ""
     if last.n_seeds >= looks[-1]:
-        return f"the last look ({looks[-1]} seeds) reached: neither shown nor excluded"
-    return f"undecided at {last.n_seeds} seeds (boundary {last.boundary:.2f}); next look at the next seeds"
+        return f"the last look ({looks[-1]} seeds) reached: neither shown nor excluded{wait}"
+    return f"undecided at {last.n_seeds} seeds (boundary {last.boundary:.2f}){wait}; next look at the next seeds"
 
 
 def _rates(results: list[Result]) -> dict:
@@ -318,9 +352,18 @@ def _rates(results: list[Result]) -> dict:
 
 
 def _seeds_for(results: list[Result], n: int) -> tuple:
-    """The seed ids a clause's look of `n` units reads: 0..n-1, or SWEEP_SEEDS.. for a best rate."""
-    start = SWEEP_SEEDS if any(r.compare.best_lr for r in results) else 0
-    return tuple(range(start, start + n))
+    """The seed ids a clause's look of `n` units reads: the seeds present in ascending order (the
+    grid's own first: a design's seeds are its grid's, then the integers after the largest,
+    ablate/claim/design.py), then the integers after the largest present; for a best rate, the
+    same without the seeds that chose the rates. Whatever the grid's own seeds are."""
+    sweep = {s for r in results for s in r.sweep_seeds}
+    present = sorted({s for r in results for s in r.seed_ids} | sweep)
+    fresh = [s for s in present if s not in sweep]
+    following = max(present, default=-1) + 1
+    while len(fresh) < n:
+        fresh.append(following)
+        following += 1
+    return tuple(fresh[:n])
 
 
 def _needs(results: list[Result], seeds: tuple) -> list:
@@ -336,3 +379,73 @@ def _needs(results: list[Result], seeds: tuple) -> list:
             if selector not in out:
                 out.append(selector)
     return out
+
+
+# ------------------------------------------------------------------- power, before training
+
+POWER_AT = (0.5, 1.0, 1.5)  # effects of interest, in standard deviations of the seeds' values, the plan states
+
+
+def power(effect_sd: float, level: float, looks: tuple = LOOKS) -> float:
+    """The chance a clause of one comparison ends "agrees" when its true effect equals its
+    smallest effect of interest and that is `effect_sd` standard deviations of the seeds' normal
+    spread: its sign tests at each look's nominal level for `level`, futility stops included.
+    Exact, by the multinomial of the seeds' three regions (at most 0, between 0 and the effect,
+    at least the effect) carried across the looks; no simulation."""
+    below0 = float(scipy_stats.norm.cdf(-effect_sd))
+    probs = np.array([below0, 0.5 - below0, 0.5])  # the true median is the effect itself
+    nominal = nominal_levels(float(level), tuple(looks))
+    states, have, agrees = {(0, 0): 1.0}, 0, 0.0
+    for n, cut in zip(looks, nominal):
+        for _ in range(n - have):  # one seed at a time: (seeds above 0, seeds below the effect)
+            nxt: dict = {}
+            for (a, b), p in states.items():
+                for (da, db), q in zip(((0, 1), (1, 1), (1, 0)), probs):
+                    nxt[(a + da, b + db)] = nxt.get((a + da, b + db), 0.0) + p * q
+            states = nxt
+        have, left = n, {}
+        for (a, b), p in states.items():
+            futile = b and special.bdtrc(b - 1, n, 0.5) <= cut
+            if not futile and a and special.bdtrc(a - 1, n, 0.5) <= cut:
+                agrees += p
+            elif not futile:
+                left[(a, b)] = p
+        states = left
+    return agrees
+
+
+def power_lines(claim: Claim, looks: tuple) -> list[str]:
+    """Before training: each clause's test, its estimand, its seed plan and its power at
+    POWER_AT (at Holm's first step, alpha / clauses, and at the full alpha once the others are
+    shown); a clause of several comparisons needs every one shown, so its power is at most this."""
+    m, lines = len(claim.clauses), []
+    plan = ("looks at " + ", ".join(map(str, looks)) + " seeds") if len(looks) > 1 else f"{looks[0]} seeds"
+    for j, clause in enumerate(claim.clauses):
+        kinds = [MEASURES[c.measure].test for c in clause.compare]
+        fresh = " fresh" if any(c.best_lr for c in clause.compare) else ""
+        head = f"  ({CLAUSE_LETTERS[j]}) {clause.label}: "
+        if all(k == "exact" for k in kinds):
+            lines.append(head + "an exact count: decided at any seeds, no power to state")
+            continue
+        first = [power(e, claim.alpha / m, looks) for e in POWER_AT]
+        full = [power(e, claim.alpha, looks) for e in POWER_AT]
+        what = "; ".join(dict.fromkeys(decide.ESTIMANDS[k] for k in kinds if k != "exact"))
+        lines.append(head + f"exact sign test of {what}, {plan}{fresh}; power when the true effect equals the effect "
+                     f"of interest at {' / '.join(f'{e:g}' for e in POWER_AT)} sd of the seeds' spread: "
+                     f"{' / '.join(f'{p:.2f}' for p in first)} at one-sided {claim.alpha / m:.3g} (Holm's first step), "
+                     f"{' / '.join(f'{p:.2f}' for p in full)} at {claim.alpha:g}")
+    return lines
+
+
+def plan_power_lines(claim: Claim, grid, decide_looks: bool) -> list[str]:
+    """`ablate reproduce` prints these before training (and with --dry-run): the seed plan is
+    LOOKS under --decide, else one look at the grid's seeds (less the sweep's for a best rate)."""
+    seeds = len({grid.configs[c.id].seed for c in grid.cells})
+    if decide_looks:
+        looks = LOOKS
+    else:
+        fresh = seeds - SWEEP_SEEDS if any(c.best_lr for c in claim.compare) else seeds
+        if fresh < 1:
+            return [f"{claim.name}: power: no fresh seed to test at {seeds} seeds"]
+        looks = (fresh,)
+    return [f"{claim.name}: each clause's test, seed plan and power:", *power_lines(claim, looks)]

@@ -127,6 +127,7 @@ class ClauseResult:
     p_agree: float | None = None  # the intersection-union p of "agrees"
     p_futile: float | None = None  # the p of "no effect as large as the claim needs"
     level: float | None = None  # the nominal one-sided level it was read at
+    shown: bool = False  # shown beyond 0 the claimed way after Holm (with DISAGREES: smaller than claimed)
 
     @property
     def decided(self) -> bool:
@@ -176,16 +177,25 @@ def conjunction(clauses: list, level: float) -> bool:
 
 
 def decide_clauses(claim: Claim, results: list[list[Result]], levels: list[float]) -> list[ClauseResult]:
-    """Each clause from its comparisons (intersection-union within), then Holm across clauses:
-    a clause is decided when its decisive p-value is within Holm's step level of `levels` (each
-    clause's nominal level at this look; the full level in a fixed design)."""
+    """Each clause from its comparisons (intersection-union within), then Holm across clauses on
+    "agrees" alone: a clause agrees when its p of "agrees" is within Holm's step level of `levels`
+    (each clause's nominal level at this look; the full level in a fixed design). Only a clause
+    shown the claimed way passes its share of alpha on: "no effect as large as X" (futility) is
+    read at the level the clause holds once the shown clauses' shares have passed to it, and
+    frees nothing (Bretz et al. 2009, Stat. Med. 28, 586-604)."""
     clauses = [_clause(clause, rs) for clause, rs in zip(claim.clauses, results)]
     # Holm on the clause's p scaled to the full level: p * (alpha / nominal) keeps one ordering
     # when looks give clauses different nominal levels (in a fixed design the scale is 1).
     scale = [claim.alpha / lv for lv in levels]
-    scaled = [None if c.p_value is None else min(1.0, c.p_value * f) for c, f in zip(clauses, scale)]
+    scaled = [None if c.p_agree is None else min(1.0, c.p_agree * f) for c, f in zip(clauses, scale)]
     adjusted = adjust_p_values(scaled, CORRECTION)
-    return [_decided(c, p, claim.alpha, lv) for c, p, lv in zip(clauses, adjusted, levels)]
+    shown = [p is not None and p <= claim.alpha for p in adjusted]
+    out = []
+    for j, (c, f, lv) in enumerate(zip(clauses, scale, levels)):
+        holding = max(1, len(clauses) - sum(shown) + shown[j])  # clauses sharing alpha with this one
+        futile = None if c.p_futile is None else min(1.0, c.p_futile * f * holding)
+        out.append(_decided(c, adjusted[j], futile, shown[j], claim.alpha, lv))
+    return out
 
 
 def _clause(clause: Clause, results: list[Result]) -> ClauseResult:
@@ -222,14 +232,21 @@ def _p_futile(r: Result) -> float | None:
     return r.test.p_futile if r.test is not None else None
 
 
-def _decided(c: ClauseResult, p_adjusted: float | None, alpha: float, level: float) -> ClauseResult:
+def _decided(c: ClauseResult, p_agree: float | None, p_futile: float | None, shown: bool, alpha: float,
+             level: float) -> ClauseResult:
+    """The clause's outcome from its Holm-adjusted p of "agrees" and its p of "no effect as large"
+    at the level it holds. Shown the claimed way and short of the effect: "does not agree", worded
+    "agrees in direction, smaller than claimed" (the direction is a rejection; the size is not)."""
     from dataclasses import replace
 
-    if p_adjusted is None or p_adjusted > alpha:
-        return replace(c, p_adjusted=p_adjusted, outcome=CANNOT_TELL, level=level, why=_undecided_why(c))
-    if c.side == decide.RIGHT:
-        return replace(c, p_adjusted=p_adjusted, outcome=AGREES, level=level, why=_agree_why(c, level))
-    return replace(c, p_adjusted=p_adjusted, outcome=DISAGREES, level=level, why=_futile_why(c))
+    futile = p_futile is not None and p_futile <= alpha
+    if futile:
+        return replace(c, p_adjusted=p_futile, outcome=DISAGREES, level=level, why=_futile_why(c, shown, level),
+                       shown=shown)
+    if shown:
+        return replace(c, p_adjusted=p_agree, outcome=AGREES, level=level, why=_agree_why(c, level), shown=True)
+    p = p_agree if c.side == decide.RIGHT or p_futile is None else p_futile
+    return replace(c, p_adjusted=p, outcome=CANNOT_TELL, level=level, why=_undecided_why(c))
 
 
 def _effects(c: ClauseResult) -> str:
@@ -244,7 +261,10 @@ def _agree_why(c: ClauseResult, level: float) -> str:
             "shown beyond 0; not shown beyond the smallest effect of interest (" + _effects(c) + ")")
 
 
-def _futile_why(c: ClauseResult) -> str:
+SMALLER = "agrees in direction, smaller than claimed"
+
+
+def _futile_why(c: ClauseResult, shown: bool = False, level: float | None = None) -> str:
     if all(r.kind == "exact" for r in c.results):
         return "an exact count short of the smallest effect of interest, or the other way"
     r = next(r for r in c.results if _p_futile(r) is not None and _p_futile(r) == min(
@@ -253,13 +273,16 @@ def _futile_why(c: ClauseResult) -> str:
         return f"worse by the margin ({r.compare.margin:g} {r.unit}) or more"
     shown_wrong = r.test is not None and r.test.interval is not None and (
         r.test.interval.high < 0 if r.compare.higher else r.test.interval.low > 0)
+    if shown:
+        return (f"{SMALLER}: shown beyond 0 the claimed way, and no effect as large as {r.compare.effect:g} "
+                f"{r.unit}")
     return f"no effect as large as {r.compare.effect:g} {r.unit}" + ("; shown the other way" if shown_wrong else "")
 
 
 def _undecided_why(c: ClauseResult) -> str:
     notes = [r.note for r in c.results if r.test is None and r.note]
     level = c.level or ONE_SIDED_ALPHA
-    floor = [r for r in c.results if r.kind == "binary" and r.keys and r.n_seeds < decide.sign_test_min_seeds(level)]
+    floor = [r for r in c.results if r.kind != "exact" and r.keys and r.n_seeds < decide.sign_test_min_seeds(level)]
     if floor:
         notes.insert(0, f"cannot decide with {floor[0].n_seeds} seeds; needs at least "
                         f"{decide.sign_test_min_seeds(level)} at its level {level:.3g} (a sign test's smallest p "
@@ -305,10 +328,7 @@ def compare(ctx: Context, c: Compare, alpha: float, alpha_power: float) -> Resul
     result = _replace(base, seed_ids=tuple(s.item() if hasattr(s, "item") else s for s in seeds),
                       seed_values=tuple(per), spread=spread)
     test = run_test(result, alpha)
-    no_spread = test is not None and m.test == "t" and test.name.startswith("exact sign")
-    note = "; ".join(x for x in ("" if test is not None else "the seeds' values do not vary: no test",
-                                 "the seeds' values do not vary: the exact sign test reads them" if no_spread else "",
-                                 _nonfinite_note(ctx, m, sides)) if x)
+    note = "; ".join(x for x in ("" if test is not None else "no seed to test", _nonfinite_note(ctx, m, sides)) if x)
     return _replace(result, test=test, seeds_needed=seeds_needed(result, alpha_power),
                     seeds_needed_upper=seeds_needed(result, alpha_power, upper=True), note=note)
 
@@ -321,15 +341,12 @@ def run_test(r: Result, level: float, n: int | None = None) -> decide.Test | Non
         return None
     if m.test == "exact":
         return decide.exact(d, c.higher)
-    if m.test == "binary":
-        return decide.sign_test(d, c.higher, c.effect, level)
+    # Every sampled measure is read by the exact sign test over seeds: its estimand is the median
+    # seed (decide.ESTIMANDS), valid however skewed the seeds' values (decide's docstring).
     if c.expect in NON_INFERIORITY:
-        return decide.t_test(d, c.higher, c.effect, level, margin=c.margin,
-                             higher_is_worse=c.expect == "not_higher")
-    # Seeds whose values do not vary (every arm scored at the plateau, say) leave the t-test no
-    # spread: the exact sign test, which needs none, reads them instead.
-    return decide.t_test(d, c.higher, c.effect, level) or (decide.sign_test(d, c.higher, c.effect, level)
-                                                           if d.size >= 2 else None)
+        return decide.sign_test(d, c.higher, c.effect, level, margin=c.margin,
+                                higher_is_worse=c.expect == "not_higher")
+    return decide.sign_test(d, c.higher, c.effect, level)
 
 
 def _by_design(keys, a, b) -> list:
@@ -341,10 +358,11 @@ def _by_design(keys, a, b) -> list:
 
 
 def seeds_needed(r: Result, level: float, upper: bool = False) -> int | None:
-    """About how many seeds would resolve the clause's smallest effect of interest: for a t
-    test, one-sided power 0.8 at `level` from the spread pooled across comparable cells (with
-    `upper`, from that spread's upper confidence bound, decide.SPREAD_UPPER_LEVEL); for a sign
-    test, the fewest seeds at which it can reach `level` at all; none for an exact count."""
+    """About how many seeds would resolve the clause's smallest effect of interest: for a
+    continuous measure, the sign test's one-sided power 0.8 at `level` for a median shift of the
+    effect, seeds spread normally by the spread pooled across comparable cells (with `upper`, by
+    that spread's upper confidence bound, decide.SPREAD_UPPER_LEVEL); for a failure share, the
+    fewest seeds at which the sign test can reach `level` at all; none for an exact count."""
     c = r.compare
     if r.kind == "exact" or not c.effect:
         return None
@@ -353,8 +371,8 @@ def seeds_needed(r: Result, level: float, upper: bool = False) -> int | None:
     if r.spread is None:
         return None
     sd = decide.sd_upper_bound(*r.spread) if upper else r.spread[0]
-    n = decide.t_seeds_for(c.effect, sd, level)
-    return None if n is None else max(2, n)
+    n = decide.sign_seeds_for(c.effect, sd, level)
+    return None if n is None else max(decide.sign_test_min_seeds(level), n)
 
 
 def _nonfinite_note(ctx: Context, m: Measure, sides: dict) -> str:

@@ -299,6 +299,9 @@ def print_plan(claim, grid, cells: Path, req: Request) -> None:
     where = f"{workers} worker(s)" if req.options.backend == "local" else f"--backend {req.options.backend}"
     print(f"{claim.name}: grid {grid.name}, {len(grid.cells)} cells, {grid.total_steps:,} steps, {where} "
           f"-> {cells}", flush=True)
+    from ablate.analysis.sequential import plan_power_lines  # each clause's power before training
+
+    print("\n".join(plan_power_lines(claim, grid, req.decide)), flush=True)
     if req.dry_run:
         return
     if req.scale == "gpu":

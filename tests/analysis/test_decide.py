@@ -48,7 +48,7 @@ def test_perfectly_correlated_cells_of_a_seed_do_not_shrink_the_p_value(tmp_path
             write_run(tmp_path, PRE, s, losses=[4.0, 3.0, 2.6], val_loss=2.5, options={"lr": lr},
                       unigram_entropy=3.4)
     r = evaluate(claim(loss_entry()), tmp_path).results[0]
-    one_cell_a_seed = decide.t_test(np.array(seed_effect), True, 0.05)
+    one_cell_a_seed = decide.sign_test(np.array(seed_effect), True, 0.05)
     assert r.n_seeds == 4 and r.n_pairs == 4 * len(rates)
     assert r.test.p_value == pytest.approx(one_cell_a_seed.p_value)  # more rates, the same evidence
 
@@ -163,7 +163,7 @@ def test_futility_decides_when_the_interval_excludes_the_effect(tmp_path):
 
 
 def test_agrees_says_whether_the_effect_is_shown_beyond_its_smallest_size(tmp_path):
-    for s, gap in enumerate([0.10, 0.12, 0.11, 0.13]):
+    for s, gap in enumerate([0.10, 0.12, 0.11, 0.13, 0.105, 0.115]):  # 6 seeds: the sign test's p reaches 1/64
         write_run(tmp_path, POST, s, losses=[4.0, 3.0, 2.6], val_loss=2.5 + gap, unigram_entropy=3.4)
         write_run(tmp_path, PRE, s, losses=[4.0, 3.0, 2.6], val_loss=2.5, unigram_entropy=3.4)
     big = evaluate(claim(loss_entry(effect=0.05)), tmp_path).clauses[0]
@@ -183,7 +183,7 @@ def test_a_clause_that_cannot_decide_at_its_seeds_is_flagged_against_its_grid():
     best = claim(loss_entry(a={"norm": "post"}, best_lr=True))
     three_rates = pd.concat([cells, cells.assign(lr=3e-3)])
     assert check_against_grid(best, three_rates) == [
-        "clause (a) 'l': cannot decide with 0 fresh seeds; needs at least 2"]
+        "clause (a) 'l': cannot decide with 0 fresh seeds; needs at least 6"]
 
 
 def test_seeds_without_spread_are_read_by_the_sign_test(tmp_path):
@@ -194,7 +194,6 @@ def test_seeds_without_spread_are_read_by_the_sign_test(tmp_path):
     verdict = evaluate(claim(loss_entry()), tmp_path)
     r = verdict.results[0]
     assert list(r.seed_values) == [0.0] * 6 and r.test.name == "exact sign test over seeds"
-    assert "do not vary: the exact sign test reads them" in r.note
     assert verdict.clauses[0].outcome == DISAGREES  # 6 of 6 seeds short of 0.05: p = 1/64
 
 
@@ -235,7 +234,7 @@ def test_too_few_seeds_give_both_counts_and_the_upper_one_is_larger(tmp_path):
     sd, df = r.spread
     assert df == 2 and r.seeds_needed_upper > r.seeds_needed > 3
     level = verdict.claim.alpha  # one clause: Holm's first step is the full level
-    assert r.seeds_needed_upper == max(2, decide.t_seeds_for(0.05, decide.sd_upper_bound(sd, df), level))
+    assert r.seeds_needed_upper == max(6, decide.sign_seeds_for(0.05, decide.sd_upper_bound(sd, df), level))
     line = clause_line(0, verdict.clauses[0])
     assert f"about {r.seeds_needed} seeds would resolve" in line
     assert f"{r.seeds_needed_upper} at its 80% upper confidence bound" in line

@@ -53,14 +53,14 @@ def test_the_boundaries_spend_alpha_as_lan_demets_obrien_fleming():
     assert list(levels) == sorted(levels) and levels[-1] < ALPHA and levels[0] < 1e-5
 
 
-def test_the_t_test_over_seeds_holds_its_error_rate_under_the_null_and_has_power():
+def test_a_continuous_measure_s_sign_test_holds_its_error_rate_under_the_null_and_has_power():
     rng = np.random.default_rng(0)
     c = comparison()
     null = outcome_rates(c, lambda: rng.normal(0.0, 1.0, LOOKS[-1]))
     assert null[AGREES] <= ceiling()
     at_effect = outcome_rates(c, lambda: rng.normal(0.5, 1.0, LOOKS[-1]))  # the truth is the effect itself
     assert at_effect[DISAGREES] <= ceiling()  # futility's error: "no effect as large as 0.5" when there is
-    alternative = outcome_rates(c, lambda: rng.normal(1.0, 1.0, LOOKS[-1]), n=500)  # 1 sd: stated alternative
+    alternative = outcome_rates(c, lambda: rng.normal(1.5, 1.0, LOOKS[-1]), n=500)  # 1.5 sd: stated alternative
     assert alternative[AGREES] >= 0.8
 
 
@@ -69,7 +69,7 @@ def test_non_inferiority_holds_its_error_rate_at_the_margin():
     c = comparison(expect="not_higher", margin=0.3, effect=None)
     at_margin = outcome_rates(c, lambda: rng.normal(0.3, 1.0, LOOKS[-1]))  # worse by exactly the margin
     assert at_margin[AGREES] <= ceiling()
-    equal = outcome_rates(c, lambda: rng.normal(-0.7, 1.0, LOOKS[-1]), n=500)  # 1 sd inside the margin
+    equal = outcome_rates(c, lambda: rng.normal(-1.2, 1.0, LOOKS[-1]), n=500)  # 1.5 sd inside the margin
     assert equal[AGREES] >= 0.8
 
 
@@ -119,9 +119,10 @@ def _one_look_agrees(c, d):
 
 def test_futility_is_decided_when_the_interval_excludes_the_effect():
     c = comparison()
-    d = np.array([0.02, -0.03, 0.01, 0.0, -0.01, 0.03])  # about 0 with a small spread; effect 0.5
-    looks = clause_looks([Result(c, "u", seed_values=tuple(d), seed_ids=tuple(range(6)))], ALPHA)
-    assert [lk.n_seeds for lk in looks] == [3, 6] and looks[-1].outcome == DISAGREES
+    d = np.array([0.02, -0.03, 0.01, 0.0, -0.01, 0.03] * 2)  # about 0 with a small spread; effect 0.5
+    looks = clause_looks([Result(c, "u", seed_values=tuple(d), seed_ids=tuple(range(12)))], ALPHA)
+    # a sign test's smallest p at 6 seeds (1/64) is over the second look's level: futile at 12
+    assert [lk.n_seeds for lk in looks] == [3, 6, 12] and looks[-1].outcome == DISAGREES
     assert looks[-1].futility_statistic >= looks[-1].boundary
 
 
@@ -212,16 +213,244 @@ def test_holm_across_clauses_holds_the_familywise_error_rate():
 
 def test_futility_says_when_the_effect_is_shown_the_other_way(tmp_path):
     claim = parse_claim({**CLAIM, "clause": CLAIM["clause"][1:]})  # "post's loss is higher", effect 0.05
-    for s in range(6):  # post ends 0.1 nats *below* pre in every seed
+    for s in range(12):  # post ends 0.1 nats *below* pre in every seed
         write_run(tmp_path, POST, s, losses=[4.0, 3.0], val_loss=2.4 + 0.01 * (s % 3), unigram_entropy=3.4)
         write_run(tmp_path, PRE, s, losses=[4.0, 3.0], val_loss=2.5, unigram_entropy=3.4)
     clause = decide_claim(claim, tmp_path).clauses[0]
     last = clause.looks[-1]
     assert clause.status == DISAGREES and last.statistic <= -last.boundary
-    assert clause.why.startswith("no effect as large as 0.05 nats at 6 seeds")
+    assert clause.why.startswith("no effect as large as 0.05 nats at 12 seeds")
     assert clause.why.endswith(f"; shown the other way (z {last.statistic:.2f} <= -{last.boundary:.2f})")
-    for s in range(6):  # about no difference: futile, but not the other way
+    for s in range(12):  # about no difference: futile, but not the other way
         write_run(tmp_path / "flat", POST, s, losses=[4.0, 3.0], val_loss=2.5 + 0.01 * (s % 3 - 1), unigram_entropy=3.4)
         write_run(tmp_path / "flat", PRE, s, losses=[4.0, 3.0], val_loss=2.5, unigram_entropy=3.4)
     flat = decide_claim(claim, tmp_path / "flat").clauses[0]
     assert flat.status == DISAGREES and "other way" not in flat.why
+
+
+# ----------------------------------------- the whole --decide loop's family-wise error, simulated
+#
+# Every sampled kind is read by the exact sign test (analysis/decide.py), so a clause's looks
+# depend on its seeds only through counts: how many of the first n seeds lie above and below 0,
+# the effect and minus it. The simulations below draw several thousand sequences with numpy,
+# run the real clause_looks once per distinct pattern of counts (and level), and the real
+# graphical Holm (sequential.graphical_holm) on every sequence: the decisions are exactly those
+# of decide_results, at a small part of its cost.
+
+FAMILY_SEQUENCES = 4000
+
+
+def _patterns(d, effect, looks):
+    """Each sequence's counts at each look that its sign tests read (x: a - b turned the claimed
+    way): x above 0, x below 0, x below the effect."""
+    cols = []
+    for n in looks:
+        x = d[:, :n]
+        cols += [(x > 0).sum(1), (x < 0).sum(1), (x < effect).sum(1)]
+    return np.unique(np.stack(cols, 1), axis=0, return_index=True, return_inverse=True)[1:]
+
+
+class Family:
+    """Clauses (one comparison each) with drawn per-seed values: clause_looks memoised on the
+    counts its sign tests read."""
+
+    def __init__(self, compares, draws, looks=LOOKS):
+        self.compares, self.draws, self.looks, self.cache = compares, draws, looks, {}
+        self.patterns = [_patterns(d if c.higher else -d, c.effect or 0.0, looks) for c, d in zip(compares, draws)]
+        self.patterns = [(first, inverse.ravel()) for first, inverse in self.patterns]
+
+    def looks_of(self, i):
+        def at(j, level):
+            first, inverse = self.patterns[j]
+            key = (j, int(inverse[i]), level)
+            if key not in self.cache:
+                d = self.draws[j][first[key[1]]]
+                r = Result(self.compares[j], "u", seed_values=tuple(d), seed_ids=tuple(range(len(d))))
+                self.cache[key] = clause_looks([r], level, self.looks)
+            return self.cache[key]
+        return at
+
+    def false_agrees(self, null, alpha=ALPHA, holm=None):
+        """Share of sequences with any null clause shown the claimed way (a false "agrees")."""
+        from ablate.analysis.sequential import graphical_holm
+
+        holm = holm or graphical_holm
+        m, n = len(self.compares), len(self.draws[0])
+        errors = 0
+        for i in range(n):
+            _, rejected = holm(m, alpha, self.looks_of(i))
+            errors += any(j in rejected for j in null)
+        return errors / n
+
+
+def _claim_of(entries):
+    return parse_claim({"name": "t", "statement": "s", "source": "x", "grid": "g", "clause": [
+        {"sentence": f"s{i}", "label": f"c{i}", "compare": [e]} for i, e in enumerate(entries)]})
+
+
+def _entry(measure="final_val_loss", effect=1.0, **kw):
+    entry = {"measure": measure, "a": {"norm": "post"}, "b": {"norm": "pre"}, "expect": "higher", "effect": effect, **kw}
+    if "than" in kw:
+        entry.pop("b")
+    return entry
+
+
+def _median_share_at(bound, cells, rng, shape):
+    """Per-seed failure shares of `cells` cells whose median is exactly `bound`: the seed's failure
+    count is binomial at the rate whose chance of a share under the bound equals that of over it."""
+    from scipy import optimize, stats as st
+
+    lo, hi = math.floor(bound * cells - 1e-9), math.ceil(bound * cells + 1e-9)
+    rate = optimize.brentq(lambda p: st.binom.cdf(lo, cells, p) - st.binom.sf(hi - 1, cells, p), 1e-6, 1 - 1e-6)
+    return rng.binomial(cells, rate, shape) / cells
+
+
+def _nulls(rng, n, seeds=LOOKS[-1]):
+    """Per-seed a - b under each null the tests are about (their median exactly 0)."""
+    shape = (n, seeds)
+    return {
+        "normal": rng.normal(0.0, 1.0, shape),
+        # an exponential skew on the side the claim points to, and on the other: median 0
+        "skew claimed": rng.exponential(1.0, shape) - math.log(2),
+        "skew opposite": math.log(2) - rng.exponential(1.0, shape),
+        # a failed run on one side now and then: a jump of 3 sd the claimed way in 10% of seeds
+        "failure jump": np.where(rng.random(shape) < 0.5, -np.abs(rng.normal(0, 0.3, shape)),
+                                 np.where(rng.random(shape) < 0.2, 3.0, np.abs(rng.normal(0, 0.3, shape)))),
+        # failure shares: both arms fail 30% of their 6 cells a seed
+        "shares": rng.binomial(6, 0.3, shape) / 6 - rng.binomial(6, 0.3, shape) / 6,
+        # one arm's share of failed cells against a bound of 0.25, its median exactly at the bound
+        "bound": _median_share_at(0.25, 4, rng, shape) - 0.25,
+    }
+
+
+MIXED = {2: [("normal", "t"), ("bound", "than")],
+         4: [("skew claimed", "t"), ("shares", "binary"), ("failure jump", "t"), ("bound", "than")]}
+
+
+def _compare(kind, effect):
+    if kind == "than":  # "a's failure share is lower than 0.25"; effect in shares
+        return _claim_of([_entry("failed", effect=min(0.2, 0.1 * effect), a={"norm": "pre"}, than=0.25,
+                                 expect="lower")]).clauses[0].compare[0]
+    if kind == "binary":
+        return _claim_of([_entry("failed", effect=0.25 * effect)]).clauses[0].compare[0]
+    return _claim_of([_entry(effect=effect)]).clauses[0].compare[0]
+
+
+@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize("effect", [0.5, 1.0, 1.5])
+def test_the_decide_loop_holds_the_familywise_error_for_mixed_kinds_and_skewed_nulls(m, effect):
+    rng = np.random.default_rng(10 + m + int(10 * effect))
+    nulls = _nulls(rng, FAMILY_SEQUENCES)
+    compares, draws = [], []
+    for name, kind in MIXED[m]:
+        compares.append(_compare(kind, effect))
+        draws.append(-nulls[name] if kind == "than" else nulls[name])  # "lower": the claimed way is below
+    assert Family(compares, draws).false_agrees(null=range(m)) <= ceiling(n=FAMILY_SEQUENCES)
+
+
+def test_a_real_effect_passes_its_alpha_on_and_the_nulls_still_hold():
+    rng = np.random.default_rng(20)
+    nulls = _nulls(rng, FAMILY_SEQUENCES)
+    real = rng.normal(1.5, 1.0, (FAMILY_SEQUENCES, LOOKS[-1]))  # clause 0 true: its share passes on
+    compares = [_compare("t", 1.0), _compare("t", 1.0), _compare("t", 1.0), _compare("binary", 1.0)]
+    family = Family(compares, [real, nulls["skew claimed"], nulls["failure jump"], nulls["shares"]])
+    assert family.false_agrees(null=(1, 2, 3)) <= ceiling(n=FAMILY_SEQUENCES)
+
+
+def test_futility_frees_no_alpha():
+    # Four null clauses, effect of interest 1 sd: most stop for futility ("no effect as large as
+    # 1 sd"), which rejects nothing; their shares stay locked.
+    rng = np.random.default_rng(21)
+    compares = [_compare("t", 1.0) for _ in range(4)]
+    family = Family(compares, [rng.normal(0.0, 1.0, (FAMILY_SEQUENCES, LOOKS[-1])) for _ in range(4)])
+    assert family.false_agrees(null=range(4)) <= ceiling(n=FAMILY_SEQUENCES)
+
+
+def test_a_clause_stopped_for_futility_passes_no_share_on():
+    from ablate.analysis.sequential import decide_results
+
+    claim = _claim_of([_entry(effect=1.0), _entry(effect=1.0)])
+    futile = [0.1, -0.2, 0.05, 0.0, -0.1, 0.2, 0.1, -0.05, 0.15, -0.15, 0.3, -0.3]  # far short of 1
+    nine = [1.5] * 10 + [-0.5] * 2  # 10 of 12 seeds the claimed way: p 0.019, within 0.025, not 0.0125
+    results = [[Result(c.compare[0], "u", seed_values=tuple(d), seed_ids=tuple(range(12)))]
+               for c, d in zip(claim.clauses, (futile, nine))]
+    decision = decide_results(claim, results)
+    assert [c.status for c in decision.clauses] == [DISAGREES, CANNOT_TELL]
+    assert decision.clauses[1].level == pytest.approx(ALPHA / 2)
+
+
+def test_the_fixed_design_s_holm_frees_no_alpha_through_futility():
+    from ablate.analysis.verdict import decide_clauses, run_test
+
+    rng = np.random.default_rng(22)
+    claim = _claim_of([_entry(effect=1.0)] * 4)
+    n, errors = 3000, 0
+    for _ in range(n):
+        results = []
+        for clause in claim.clauses:
+            r = Result(clause.compare[0], "u", seed_values=tuple(rng.normal(0.0, 1.0, 12)), seed_ids=tuple(range(12)))
+            results.append([Result(**{**r.__dict__, "test": run_test(r, ALPHA)})])
+        errors += any(c.outcome == AGREES for c in decide_clauses(claim, results, [ALPHA] * 4))
+    assert errors / n <= ceiling(n=n)
+
+
+def test_an_effect_shown_the_claimed_way_but_smaller_than_claimed_says_so():
+    from ablate.analysis.sequential import decide_results
+
+    claim = _claim_of([_entry(effect=1.0)])
+    d = np.array([0.3, 0.25, 0.4, 0.35, 0.2, 0.3, 0.28, 0.33, 0.31, 0.22, 0.37, 0.29])  # 0.3, effect 1.0
+    decision = decide_results(claim, [[Result(claim.clauses[0].compare[0], "u", seed_values=tuple(d),
+                                              seed_ids=tuple(range(12)))]])
+    c = decision.clauses[0]
+    assert c.status == DISAGREES and c.why.startswith("agrees in direction, smaller than claimed: shown beyond 0")
+    assert decision.to_json()["clauses"][0]["smaller_than_claimed"] is True
+
+
+# ------------------------------------------------------------- the looks follow the grid's seeds
+
+
+def test_the_looks_follow_the_grid_s_own_seeds_whatever_they_are(tmp_path):
+    claim = parse_claim(CLAIM)
+    for s in (5, 6, 7):  # a grid whose own seeds are 5, 6, 7
+        _failure_seed(tmp_path, s, True, False)
+    first = decide_claim(claim, tmp_path)
+    assert [lk.seeds for lk in first.clauses[0].looks] == [(5, 6, 7)]
+    assert first.clauses[0].next_seeds == (5, 6, 7, 8, 9, 10)  # the grid's seeds, then the next integers
+    for s in (8, 9, 10):
+        _failure_seed(tmp_path, s, True, False)
+    again = decide_claim(claim, tmp_path)
+    assert [lk.n_seeds for lk in again.clauses[0].looks] == [3, 6] and again.clauses[0].next_seeds == tuple(range(5, 17))
+
+
+def test_a_best_rate_clause_s_fresh_seeds_follow_the_grid_s_own_seeds(tmp_path):
+    entry = {"measure": "final_val_loss", "a": {"norm": "post"}, "b": {"norm": "pre"}, "expect": "higher",
+             "effect": 0.05, "best_lr": True}
+    claim = parse_claim({**CLAIM, "clause": [{"sentence": "s", "label": "l", "compare": [entry]}]})
+    for s in (5, 6, 7):
+        for lr in (1e-3, 1e-2):
+            write_run(tmp_path, POST, s, losses=[4.0, 3.0], val_loss=2.6 + lr, unigram_entropy=3.4, options={"lr": lr})
+            write_run(tmp_path, PRE, s, losses=[4.0, 3.0], val_loss=2.5 + lr, unigram_entropy=3.4, options={"lr": lr})
+    first = decide_claim(claim, tmp_path)
+    assert first.clauses[0].next_seeds == (8, 9, 10)  # fresh: never the seeds that chose the rates
+    assert {"norm": "post", "seed": [8, 9, 10], "lr": 1e-3} in first.next_cells
+    for s in (8, 9, 10):  # the chosen rates on the fresh seeds: the rates are not chosen again
+        write_run(tmp_path, POST, s, losses=[4.0, 3.0], val_loss=2.601, unigram_entropy=3.4, options={"lr": 1e-3})
+        write_run(tmp_path, PRE, s, losses=[4.0, 3.0], val_loss=2.501, unigram_entropy=3.4, options={"lr": 1e-3})
+    again = decide_claim(claim, tmp_path)
+    assert again.clauses[0].results[0].sweep_seeds == (5, 6, 7)
+    assert [lk.seeds for lk in again.clauses[0].looks] == [(8, 9, 10)]
+    assert again.clauses[0].next_seeds == tuple(range(8, 14))
+
+
+def test_the_stated_power_is_what_the_decide_loop_achieves():
+    # the closed form (sequential.power) against the loop itself on simulated seeds
+    from ablate.analysis.sequential import power
+
+    rng = np.random.default_rng(30)
+    c = _compare("t", 1.0)
+    d = rng.normal(1.0, 1.0, (FAMILY_SEQUENCES, LOOKS[-1]))  # the true effect is the effect of interest, 1 sd
+    family = Family([c], [d])
+    agrees = np.mean([family.looks_of(i)(0, ALPHA)[-1].outcome == AGREES for i in range(FAMILY_SEQUENCES)])
+    se = math.sqrt(power(1.0, ALPHA) * (1 - power(1.0, ALPHA)) / FAMILY_SEQUENCES)
+    assert abs(agrees - power(1.0, ALPHA)) <= 3 * se
+    assert power(1.5, ALPHA) > power(1.0, ALPHA) > power(1.0, ALPHA / 4) > power(0.5, ALPHA)
