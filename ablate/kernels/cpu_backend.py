@@ -7,7 +7,8 @@ fallback), is `reference`'s plain PyTorch.
 Which code computes a run's GELU and attention is part of its bits: a run on this backend
 records the kernels' forms (config.json `gelu_cpu`, `attention_cpu`) and keeps them when
 resumed (ablate.train). `auto` picks this backend on a CPU once it passes the parity suite
-(ablate/kernels/select.py).
+(ablate/kernels/select.py), and `--kernels cpu` is refused in one line when it does not: a
+library built wrong (a compiler that miscompiles a constant) never trains.
 """
 from __future__ import annotations
 
@@ -46,5 +47,15 @@ class CpuBackend(ReferenceBackend):
 
 
 @functools.lru_cache(maxsize=None)
-def load() -> CpuBackend:
+def unchecked() -> CpuBackend:
+    """The backend before its parity check: what the check itself and `ablate kernels check` run."""
     return CpuBackend()
+
+
+def load() -> CpuBackend:
+    """The backend a run trains with (`--kernels cpu`), once its kernels passed the quick parity
+    suite in this process (select.refuse_failed_cpu: ConfigError when they do not)."""
+    from ablate.kernels.select import refuse_failed_cpu
+
+    refuse_failed_cpu()
+    return unchecked()

@@ -1,17 +1,24 @@
-"""`--kernels auto`: the fastest backend that passed its parity check on this device.
+"""`--kernels auto`, and the parity check the `cpu` backend passes before it trains.
 
 On a CPU, once per process: `cpu` (reference with the C kernels, cpu_backend.py) when it passes
 the quick parity suite with the forms a new run would use, else `reference` (the GPU backends'
-kernels do not run there, except Triton's slow interpreter). On a CUDA device, once per process
-and device: every GPU backend that loads (the
-`cuda` one builds on first use; a missing nvcc or a failed build leaves it out) runs the quick
-parity suite on the device, and those that pass every case are timed, with `reference`, on a
-representative forward + backward (bench.quick_time); the fastest wins. `AUTO_DETAILS[device]`
-keeps why, for whoever records the choice.
+kernels do not run there, except Triton's slow interpreter). `--kernels cpu` runs the same check
+(cpu_failure) and is refused in one line when it fails.
+
+On a CUDA device: `reference`, unless another backend was measured faster on whole training
+steps of the cell's shape on this device, driver and library versions (`ablate kernels tune`,
+recorded in step_cache.py's file). Isolated per-op timings never decide: they measure host
+latency, not a step. Only the chosen backend is loaded (built, JIT-compiled) and parity-checked,
+once per process; one that fails its check falls back to `reference` with one line. A backend
+not chosen is never imported. `AUTO_DETAILS[key]` keeps why, for whoever records the choice.
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import sys
+
+from ablate.errors import ConfigError
 
 _CHOICE: dict[str, str] = {}
 AUTO_DETAILS: dict[str, dict] = {}
@@ -24,20 +31,24 @@ def _device_key(device) -> str:
     return f"cuda:{d.index if d.index is not None else torch.cuda.current_device()}"
 
 
-def pick_auto(device) -> str:
+def pick_auto(device, shape: dict | None = None) -> str:
+    """The backend `auto` trains with on `device`; `shape` (step_cache.step_shape) the cell's
+    step, without which a CUDA device trains `reference` (nothing was measured for it)."""
     import torch
 
     if not str(device).startswith("cuda") or not torch.cuda.is_available():
-        if "cpu" not in _CHOICE:
-            _CHOICE["cpu"] = _pick_cpu()
+        fresh = "cpu" not in _CHOICE
+        if _cpu_choice() != "cpu" and fresh:  # said once, when checked
+            print("ablate: kernels 'cpu' failed its parity check on cpu; not used by auto", file=sys.stderr)
         return _CHOICE["cpu"]
     key = _device_key(device)
-    if key not in _CHOICE:
-        _CHOICE[key] = _pick(key)
-    return _CHOICE[key]
+    cached = f"{key} {json.dumps(shape, sort_keys=True)}"
+    if cached not in _CHOICE:
+        _CHOICE[cached] = _pick_cuda(key, shape, cached)
+    return _CHOICE[cached]
 
 
-def _failed_parity(name: str, backend, device: str, details: dict) -> bool:
+def _failed_parity(name: str, backend, device: str, details: dict, quiet: bool = False) -> bool:
     """Run the quick parity suite; record and report a backend that fails or crashes it."""
     from ablate.kernels import parity
 
@@ -50,46 +61,68 @@ def _failed_parity(name: str, backend, device: str, details: dict) -> bool:
     details["parity"][name] = f"{len(rows) - len(failed)}/{len(rows)} cases passed"
     if failed:
         details["skipped"][name] = f"failed parity on {device}: {', '.join(failed[:3])}"
-        print(f"ablate: kernels {name!r} failed its parity check on {device}; not used by auto", file=sys.stderr)
+        if not quiet:
+            print(f"ablate: kernels {name!r} failed its parity check on {device}; not used by auto", file=sys.stderr)
     return bool(failed)
 
 
-def _pick_cpu() -> str:
-    """`cpu` when its kernels, in the forms a new run takes (each kernel's best here), pass."""
-    import contextlib
+def _cpu_choice() -> str:
+    """`cpu` when its kernels, in the forms a new run takes (each kernel's best here), pass the
+    quick parity suite, else `reference`: checked once a process (the library and those forms
+    do not change in it), the details in AUTO_DETAILS["cpu"]."""
+    if "cpu" not in _CHOICE:
+        from ablate.kernels import cpu_attention, cpu_gelu
+        from ablate.kernels.cpu_backend import unchecked
 
-    from ablate.kernels import cpu_attention, cpu_gelu
-    from ablate.kernels.cpu_backend import load
+        details: dict = {"parity": {}, "seconds": {}, "skipped": {}}
+        AUTO_DETAILS["cpu"] = details
+        with contextlib.ExitStack() as forms:
+            for kernel in (cpu_gelu.KERNEL, cpu_attention.KERNEL):
+                forms.enter_context(kernel.using(kernel.best()))
+            failed = _failed_parity("cpu", unchecked(), "cpu", details, quiet=True)
+        details["choice"] = _CHOICE["cpu"] = "reference" if failed else "cpu"
+    return _CHOICE["cpu"]
+
+
+def refuse_failed_cpu() -> None:
+    """`--kernels cpu`: the check `auto` makes, before anything trains; ConfigError (one line)
+    when the C kernels compute other values than `reference` (a library built wrong)."""
+    if _cpu_choice() == "cpu":
+        return
+    from ablate.data import cache_root
+
+    why = AUTO_DETAILS["cpu"]["skipped"]["cpu"]
+    raise ConfigError(f"kernels 'cpu' failed its parity check on this machine ({why}): its C kernels compute "
+                      f"other values than reference; valid: --kernels reference, or auto (which trains reference "
+                      f"here), or fix the C compiler (CC) and remove {cache_root() / 'kernels'}")
+
+
+def _pick_cuda(device: str, shape: dict | None, key: str) -> str:
+    """`reference` unless the step cache says a backend is faster on this step here; the choice
+    is loaded and checked, and nothing else is."""
+    from ablate.kernels import step_cache
 
     details: dict = {"parity": {}, "seconds": {}, "skipped": {}}
-    AUTO_DETAILS["cpu"] = details
-    with contextlib.ExitStack() as forms:
-        for kernel in (cpu_gelu.KERNEL, cpu_attention.KERNEL):
-            forms.enter_context(kernel.using(kernel.best()))
-        failed = _failed_parity("cpu", load(), "cpu", details)
-    details["choice"] = "reference" if failed else "cpu"
-    return details["choice"]
-
-
-def _pick(device: str) -> str:
-    from ablate.bench import kernel_ops as bench
-    from ablate.kernels import parity
-    from ablate.kernels.reference import ReferenceBackend
-
-    details: dict = {"parity": {}, "seconds": {}, "skipped": {}}
-    AUTO_DETAILS[device] = details
-    verified: dict[str, object] = {"reference": ReferenceBackend()}
-    for name, backend in parity.load_backends(parity.GPU_BACKENDS, device).items():
-        if isinstance(backend, str):
-            details["skipped"][name] = backend
-        elif not _failed_parity(name, backend, device, details):
-            verified[name] = backend
-    for name, backend in verified.items():
-        try:
-            details["seconds"][name] = bench.quick_time(backend, device)
-        except Exception as e:
-            details["skipped"][name] = f"timing raised {type(e).__name__}: {e}"
-    timed = details["seconds"]
-    choice = min(timed, key=timed.get) if timed else "reference"
+    AUTO_DETAILS[key] = AUTO_DETAILS[device] = details
+    measured = step_cache.lookup(device, shape) if shape is not None else None
+    choice = "reference"
+    if measured is not None:
+        details["seconds"] = measured["seconds"]
+        choice = measured["choice"]
+    if choice != "reference" and not _verified(choice, device, details):
+        choice = "reference"
     details["choice"] = choice
     return choice
+
+
+def _verified(name: str, device: str, details: dict) -> bool:
+    """Load the one backend `auto` chose and run its quick parity suite on the device."""
+    from ablate.kernels import parity
+
+    backend = parity.load_backends((name,), device)[name]
+    if isinstance(backend, str):
+        details["skipped"][name] = backend
+        print(f"ablate: kernels {name!r} was measured fastest here but cannot load ({backend}); auto trains "
+              "reference", file=sys.stderr)
+        return False
+    return not _failed_parity(name, backend, device, details)

@@ -85,6 +85,33 @@ def test_auto_on_a_cpu_falls_back_to_reference_when_the_kernels_fail_parity(monk
     assert "act:gelu" in select.AUTO_DETAILS["cpu"]["skipped"]["cpu"]
 
 
+@needs_kernels
+def test_kernels_cpu_is_refused_in_one_line_when_its_kernels_fail_parity(monkeypatch, capsys):
+    """E9: the check `auto` makes, before anything is built or trained; `kernels check` still
+    reports the failing cases in its table rather than refusing."""
+    from ablate.cli import main
+
+    monkeypatch.setattr(select, "_CHOICE", {})
+    real = cpu_gelu.gelu
+    monkeypatch.setattr(cpu_gelu, "gelu", lambda x: real(x) * 1.001)  # a kernel off by 0.1%
+    with pytest.raises(ConfigError, match=r"kernels 'cpu' failed its parity check .*act:gelu.*valid: --kernels "
+                                          "reference") as e:
+        get_backend("cpu", "cpu")
+    assert "\n" not in str(e.value) and capsys.readouterr().err == ""
+    monkeypatch.setattr(parity, "QUICK_SHAPES", (((2, 3, 37), "strided"),))
+    assert main(["kernels", "check", "--quick", "--backends", "cpu"]) == 1
+    assert "act:gelu" in capsys.readouterr().out
+
+
+def test_kernels_cpu_is_checked_once_a_process(monkeypatch):
+    monkeypatch.setattr(select, "_CHOICE", {})
+    runs = []
+    real = parity.run_suite
+    monkeypatch.setattr(parity, "run_suite", lambda *a, **k: runs.append(a) or real(*a, **k))
+    assert isinstance(get_backend("cpu", "cpu"), CpuBackend) and get_backend("auto", "cpu").name == select.pick_auto("cpu")
+    assert len(runs) == 1
+
+
 @pytest.mark.parametrize("config, expected", [
     ({"kernels": "reference", "device": "cpu", "gelu_cpu": "poly-bias", "attention_cpu": "blocked"}, "cpu"),
     ({"kernels": "reference", "device": "cpu", "gelu_cpu": "passes", "attention_cpu": "sdpa"}, "cpu"),

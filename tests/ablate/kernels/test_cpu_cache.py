@@ -155,6 +155,18 @@ def test_a_fifo_at_the_librarys_name_does_not_hang_the_loader(cache):
     assert_verifies(library)
 
 
+@needs_a_build
+def test_a_build_record_nested_thousands_deep_has_its_library_rebuilt(cache):
+    """E4: a record nested 2000 deep ended every run that loaded the kernel in RecursionError,
+    and the library was never rebuilt."""
+    library = gelu_library(cache)
+    cpu_cache.record_path(library).write_text("[" * 2000 + "]" * 2000)
+    done = child(LOAD, cache)
+    assert done.returncode == 0, done.stderr
+    assert "damaged build record" in one_line(done.stderr) and done.stdout.split() == BEST.split()
+    assert_verifies(library)
+
+
 PLANTED = r"""
 #include <stdio.h>
 #include <stdlib.h>
@@ -254,6 +266,58 @@ def test_kernels_check_verifies_the_cached_library_first(cache):
     assert f"GELU {cpu_gelu.best()}" in done.stdout
     assert_verifies(library)
     assert stat.S_ISREG(library.lstat().st_mode)
+
+
+WRONG_CC = """#!{python}
+# A C compiler that builds GELU with one wrong constant (0.044715 -> 0.045 in its cubic term),
+# and says it is another compiler (so it builds anew, beside the clean library).
+import os, pathlib, sys
+args = sys.argv[1:]
+if args == ["--version"]:
+    os.write(1, b"wrong-constant cc\\n")
+built = []
+for arg in args:
+    if arg.endswith("gelu_tanh_poly.c"):
+        source = pathlib.Path(arg)
+        wrong = pathlib.Path(os.environ["WRONG_DIR"]) / source.name
+        wrong.write_text(source.read_text().replace("0.044715f", "0.045f"))
+        arg = ["-I", str(source.parent), str(wrong)]
+    built += arg if isinstance(arg, list) else [arg]
+os.execv({cc!r}, [{cc!r}, *built])
+"""
+
+
+@pytest.fixture
+def wrong_cc(tmp_path) -> dict:
+    """The environment of a child whose C compiler builds a GELU with one wrong constant."""
+    compiler = tmp_path / "wrong-cc"
+    compiler.write_text(WRONG_CC.format(python=sys.executable, cc=os.environ.get("CC") or shutil.which("cc") or "gcc"))
+    compiler.chmod(0o755)
+    return {"CC": str(compiler), "WRONG_DIR": str(tmp_path)}
+
+
+@needs_a_build
+@pytest.mark.slow  # two children and a build of the wrong library
+def test_kernels_cpu_refuses_a_library_built_wrong_and_auto_trains_reference(cache, tmp_path, wrong_cc):
+    """E9: `--kernels cpu` runs the parity check `auto` runs before the first step: a GELU one
+    constant off is refused in one line, exit 2, nothing written; `auto` trains `reference`."""
+    refused = child([*RUN, "--kernels", "cpu", "--out", str(tmp_path / "cpu")], cache, **wrong_cc)
+    assert refused.returncode == 2, refused.stderr
+    line = one_line(refused.stderr)
+    assert "kernels 'cpu' failed its parity check" in line and "act:gelu" in line and "--kernels reference" in line
+    assert not (tmp_path / "cpu").exists()
+    done = child([*RUN, "--out", str(tmp_path / "auto")], cache, **wrong_cc)
+    assert done.returncode == 0, done.stderr
+    assert "not used by auto" in one_line(done.stderr)
+    (config,) = (tmp_path / "auto").glob("*/config.json")
+    assert json.loads(config.read_text())["kernels"] == "reference"
+
+
+@needs_a_build
+def test_kernels_cpu_trains_on_a_library_built_right(cache, tmp_path):
+    done = child([*RUN, "--kernels", "cpu", "--out", str(tmp_path / "run")], cache)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert forms(tmp_path / "run") == tuple(BEST.split())
 
 
 # ------------------------------------------------------- cells on mixed forms say so
