@@ -360,10 +360,10 @@ def _reproduce(claim, cells: Path, req: Request, grid):
     status = run_grid(grid, cells, req.options)
     if status == 2:
         return status, None
-    out.mkdir(parents=True, exist_ok=True)
     from ablate.claim.looks import unfinished
 
     left = unfinished(cells, [c.id for c in grid.cells]) if status == 0 else []  # not waited for, or busy
+    out.mkdir(parents=True, exist_ok=True)
     from ablate.claim.design import own_seeds
 
     report, verdict = write_claim_report(claim, out, cells=cells if out != cells else None, seeds=own_seeds(grid))
@@ -372,14 +372,13 @@ def _reproduce(claim, cells: Path, req: Request, grid):
         print(f"  {clause_line(i, clause)}", flush=True)
     for note in verdict.notes:
         print(f"  note: {note}", flush=True)
-    return status, verdict
     if left:
         print(f"{claim.name}: {len(left)} of {len(grid.cells)} cells not finished (e.g. {left[0]}): the verdict is "
               "not final; rerun to resume", flush=True)
         return UNDECIDED, verdict
+    return status, verdict
 
 
-def run_all(root: Path | None, req: Request) -> int:
 # `all`'s exit status: the worst of its claims' in this order (an input refused, then a claim
 # not decided, then a failed cell).
 EXIT_RANK = (0, 1, UNDECIDED, 2)
@@ -399,6 +398,7 @@ def _all_locked(planned, grids, req: Request):
     return claim_locks([cells for _, cells in planned])
 
 
+def run_all(root: Path | None, req: Request) -> int:
     from ablate.analysis.claim_report import write_index
     from ablate.claim.design import design_out
 
