@@ -38,6 +38,7 @@ LINE_BYTES = 1 * MIB
 # No file of the harness nests deeper than a handful of levels; deeper is damage (and would
 # overflow the parser's or a reader's recursion).
 MAX_DEPTH = 64
+_PIECE = 1 << 16  # how much of a line is read at a time
 
 _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a device"),
           (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))
@@ -95,7 +96,11 @@ def read_bytes(path: str | Path, limit: int = STATE_BYTES, follow_links: bool = 
     """The bytes of the regular file at `path`, refused (UnreadableFile) over `limit` bytes."""
     with open_bounded(path, follow_links) as f:
         try:
-            data = f.read(limit + 1)
+            size = os.fstat(f.fileno()).st_size
+            # What the file holds, not `limit` bytes: read(n) sets n bytes aside. It may grow meanwhile.
+            data = f.read(min(size, limit) + 1)
+            while len(data) <= limit and (more := f.read(min(_PIECE, limit + 1 - len(data)))):
+                data += more
         except OSError as e:
             raise UnreadableFile(path, e.strerror or type(e).__name__) from None
     if len(data) > limit:
@@ -121,11 +126,11 @@ def read_toml(path: str | Path, limit: int = INPUT_BYTES) -> dict[str, Any]:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise UnreadableFile(path, f"not UTF-8 text: byte {e.start}") from None
+        raise UnreadableFile(path, _not_utf8(e)) from None
     try:
         value = tomllib.loads(text)
     except ValueError as e:  # TOMLDecodeError; an integer of more digits than int() takes
-        raise UnreadableFile(path, f"not TOML: {_first_line(e)}") from None
+        raise UnreadableFile(path, f"not valid TOML: {_first_line(e)}") from None
     except RecursionError:
         raise UnreadableFile(path, f"nested deeper than {MAX_DEPTH} levels") from None
     try:
@@ -135,20 +140,21 @@ def read_toml(path: str | Path, limit: int = INPUT_BYTES) -> dict[str, Any]:
     return value
 
 
-def parse_json(data: bytes | str, top: type | tuple[type, ...] | None = dict) -> Any:
-    """`data` parsed as JSON and checked; _Refused (a ValueError) with a few words otherwise.
-    For one line of a JSON-lines file, or a payload that is no file of its own."""
+def parse_json(data: bytes | str, top: type | tuple[type, ...] | None = dict, finite: bool = True) -> Any:
+    """`data` parsed as JSON and checked; a ValueError with a few words otherwise. For one line
+    of a JSON-lines file, or a payload that is no file of its own. finite=False lets NaN and
+    Infinity through (metrics rows an older version wrote), never deep nesting."""
     try:
-        value = json.loads(data, parse_constant=_no_constant, parse_int=_int)
+        value = json.loads(data, parse_int=_int, **({"parse_constant": _no_constant} if finite else {}))
     except RecursionError:
         raise _Refused(f"nested deeper than {MAX_DEPTH} levels") from None
     except _Refused:
         raise
     except UnicodeDecodeError as e:
-        raise _Refused(f"not UTF-8 text: byte {e.start}") from None
+        raise _Refused(_not_utf8(e)) from None
     except ValueError as e:  # JSONDecodeError; an integer of more digits than int() takes
-        raise _Refused(f"not JSON: {_first_line(e)}") from None
-    _check_values(value)
+        raise _Refused(f"not valid JSON: {_first_line(e)}") from None
+    _check_values(value, finite)
     if top is not None and not isinstance(value, top):
         raise _Refused(f"holds a JSON {_json_kind(value)}, where {_wanted(top)} belongs")
     return value
@@ -157,13 +163,25 @@ def parse_json(data: bytes | str, top: type | tuple[type, ...] | None = dict) ->
 def bounded_lines(f: BinaryIO, limit: int = LINE_BYTES) -> Iterator[bytes | None]:
     """The lines of the open binary file `f`, each ending in its newline as read; None in place
     of a line longer than `limit` bytes (read past in pieces, never held whole)."""
-    while line := f.readline(limit + 1):
-        if len(line) <= limit or line.endswith(b"\n"):
-            yield line
-            continue
-        while line and not line.endswith(b"\n"):  # the rest of the long line, a piece at a time
-            line = f.readline(limit)
-        yield None
+    for line, _ in sized_lines(f, limit):
+        yield line
+
+
+def sized_lines(f: BinaryIO, limit: int = LINE_BYTES) -> Iterator[tuple[bytes | None, int]]:
+    """bounded_lines's lines, each with its length in bytes (a reader that keeps offsets).
+    Read in pieces of _PIECE bytes: readline(limit) would set aside `limit` bytes per line."""
+    while piece := f.readline(_PIECE):
+        size, pieces = len(piece), [piece]
+        while not piece.endswith(b"\n") and (piece := f.readline(_PIECE)):
+            size += len(piece)
+            if pieces is not None:
+                pieces.append(piece)
+                if size > limit + 1:  # too long whatever follows: hold none of it
+                    pieces = None
+        if pieces is None or size - pieces[-1].endswith(b"\n") > limit:
+            yield None, size
+        else:
+            yield b"".join(pieces), size
 
 
 def _no_constant(name: str) -> Any:
@@ -179,7 +197,7 @@ def _int(text: str) -> int:
     return value
 
 
-def _check_values(value: Any) -> None:
+def _check_values(value: Any, finite: bool = True) -> None:
     """Refuse nesting deeper than MAX_DEPTH, non-finite floats (1e999 parses as inf) and
     integers too large for a float, walking the value without recursion."""
     stack = [(value, 1)]
@@ -189,10 +207,14 @@ def _check_values(value: Any) -> None:
             if depth > MAX_DEPTH:
                 raise _Refused(f"nested deeper than {MAX_DEPTH} levels")
             stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
-        elif isinstance(item, float) and not math.isfinite(item):
+        elif finite and isinstance(item, float) and not math.isfinite(item):
             raise _Refused(f"holds {item}, which is no finite number")
         elif isinstance(item, int) and abs(item) > sys.float_info.max:  # an exact comparison
             raise _Refused("holds an integer too large for a number")
+
+
+def _not_utf8(e: UnicodeDecodeError) -> str:
+    return f"not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})"
 
 
 def _first_line(e: Exception) -> str:

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ablate.bounded_read import kind_of, read_json
 from ablate.errors import ConfigError
 from ablate.rundir import replace_atomic, write_json_atomic
 
@@ -64,7 +65,7 @@ def _write_meta(path: Path, fields: dict) -> None:
 def _read_meta(path: Path) -> dict | None:
     """A meta file's fields, None when it is missing, damaged or edited (its checksum differs)."""
     try:
-        meta = json.loads(Path(path).read_text())
+        meta = read_json(path)  # bounded: a FIFO, a device, deep nesting are damage too
         fields = {k: v for k, v in meta.items() if k != "check"}
         return fields if meta.get("check") == _checksum(fields) else None
     except (OSError, ValueError, AttributeError):
@@ -332,6 +333,9 @@ def load_data(path: str | None, tokenizer: str, vocab_size: int) -> TokenData:
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"data path {path!r} does not exist; valid: a text file, a folder of text files, or llm.c .bin shards")
+    if not p.is_dir() and not p.is_file():  # a FIFO, a device: there, but nothing to read tokens from
+        raise ConfigError(f"data path {path!r} is {kind_of(p.stat().st_mode)}; valid: a text file, a folder of text "
+                          "files, or llm.c .bin shards")
     shards = [p] if p.suffix == ".bin" else sorted(p.glob("*.bin")) if p.is_dir() else []
     if shards:
         # llm.c's convention: shards with "val" in their name hold the validation split.

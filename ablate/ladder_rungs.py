@@ -17,11 +17,11 @@ best rate up the ladder instead of leaving it outside.
 """
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ablate.bounded_read import UnreadableFile, read_toml
 from ablate.errors import ConfigError
 
 # The claims' own width (64) on top, two halvings below: one claim's ladder fits 45 minutes on 2
@@ -180,9 +180,11 @@ def toml_text(data: dict, header: str) -> str:
 
 
 def read_grid_data(path: Path) -> dict:
-    try:
-        data = tomllib.loads(Path(path).read_text())
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+    try:  # bounded: a FIFO, a device, a huge or deeply nested file is refused in one line
+        data = read_toml(path)
+    except UnreadableFile as e:
+        raise ConfigError(f"{path}: cannot read as a grid file: {e.why}") from None
+    except OSError as e:
         raise ConfigError(f"{path}: cannot read as a grid file: {e}") from None
     # A plugin file is named relative to its grid: the rung's grid lives elsewhere.
     if isinstance(data.get("imports"), list):

@@ -29,6 +29,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from ablate.bounded_read import kind_of
 from ablate.errors import ConfigError
 
 ENTRY_POINT_GROUP = "ablate.plugins"
@@ -58,8 +59,9 @@ def canonical(name: str, base: str | Path | None = None) -> str:
 
 
 def _import_file(path: str):
-    if not Path(path).is_file():
-        raise ConfigError(f"plugin {path!r} does not exist; valid: a Python file or an importable module name")
+    if not Path(path).is_file():  # a FIFO or a device is there, but is no file to import
+        what = f"is {kind_of(Path(path).stat().st_mode)}" if Path(path).exists() else "does not exist"
+        raise ConfigError(f"plugin {path!r} {what}; valid: a Python file or an importable module name")
     # A stable module name per file, so that pickled objects from it resolve in every worker.
     module_name = "ablate_plugin_" + Path(path).stem.replace("-", "_") + "_" + hashlib.sha1(path.encode()).hexdigest()[:8]
     if module_name in sys.modules:

@@ -24,6 +24,8 @@ from typing import Any, Iterable, Mapping
 # The safe writes live with analysis, which writes reports and exports the same way; the engine
 # imports them from here.
 from ablate.analysis.safe_files import create_temporary, replace_atomic  # noqa: F401  (part of this module's API)
+from ablate import bounded_read
+from ablate.bounded_read import LISTING_BYTES, STATE_BYTES
 from ablate.errors import ConfigError
 
 # ------------------------------------------------------------------------------ file names
@@ -91,11 +93,9 @@ def read_summary(run_dir: str | Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
-        with open_regular(path) as f:
-            data = json.load(f)
-    except (OSError, ValueError):
+        return read_json(path, top=dict)
+    except (OSError, ValueError):  # bounded_read.UnreadableFile is a ValueError
         return {}
-    return data if isinstance(data, dict) else {}
 
 
 # ------------------------------------------------------------------------------ a run's status
@@ -237,10 +237,13 @@ def check_out_path(out: Path, target: Path) -> None:
         return
 
 
-def read_json(path: Path) -> Any:
-    """JSON from a regular file (OSError for a FIFO, a device or a folder: open_regular)."""
-    with open_regular(path) as f:
-        return json.load(f)
+def read_json(path: Path, top: type | tuple[type, ...] | None = None) -> Any:
+    """JSON from a regular file of a run or grid folder, through the one bounded reader
+    (ablate/bounded_read.py): a FIFO, a device, a file over its cap, non-finite numbers or deep
+    nesting raise UnreadableFile (a ValueError), a missing file FileNotFoundError. grid.json
+    lists every cell, so it has the larger cap."""
+    limit = LISTING_BYTES if Path(path).name == GRID_JSON else STATE_BYTES
+    return bounded_read.read_json(path, top=top, limit=limit)
 
 
 # struct flock for fcntl(2) on Linux: l_type, l_whence, l_start, l_len, l_pid (padded to 32 bytes).

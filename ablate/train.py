@@ -23,6 +23,7 @@ import jsonlines
 import torch
 
 from ablate import fpmode, plugins
+from ablate.bounded_read import UnreadableFile, bounded_lines, parse_json
 from ablate.config import IDENTITY_KEYS, NOT_COMPARED, OPTIONS, TrainConfig
 from ablate.data import TokenData, load_data
 from ablate.errors import ConfigError
@@ -242,6 +243,8 @@ def _read_config(run_dir: Path) -> dict | None:
         return None
     try:
         config = read_json(path)
+    except UnreadableFile as e:  # a FIFO, a device, too large, not JSON, nested, non-finite
+        raise ConfigError(f"{e}; valid: remove {run_dir} to start that run again") from None
     except (OSError, ValueError) as e:
         raise ConfigError(f"{path} cannot be read ({_reason(e)}); valid: remove {run_dir} to start that run again") from None
     if not isinstance(config, dict):
@@ -326,7 +329,12 @@ def _cpu_forms_for(old: dict | None, run_dir: Path, device: torch.device, kernel
         return forms
     forms = {}
     for key, (kernel, what) in CPU_KERNELS.items():
-        recorded = old.get(key) or kernel.fallback
+        recorded = old.get(key)
+        if recorded is None:  # written before that kernel existed: by its torch fallback
+            recorded = kernel.fallback
+        elif not isinstance(recorded, str) or not recorded:  # "" is no form: never resumed as the fallback
+            raise ConfigError(f"{run_dir}: config.json records {key} = {json.dumps(recorded)[:40]}, which is no "
+                              f"form of the {what}; valid: remove that folder to train it again")
         if recorded in RETIRED_FORMS.get(key, ()):
             raise ConfigError(f"{run_dir} holds a run whose {what} was computed as {recorded!r}, a form this "
                               f"version of ablate no longer computes; valid: remove that folder to train it again "
@@ -379,14 +387,14 @@ def _keep_metrics_before(path: Path, step: int) -> list[float]:
         raise ConfigError(f"{path} cannot be read ({_reason(e)}); valid: remove {path.parent} to start that run "
                           "again") from None
     with f:
-        for number, raw in enumerate(f, start=1):
+        for number, raw in enumerate(bounded_lines(f), start=1):  # a line over LINE_BYTES is None
             try:
-                row = json.loads(raw)
+                row = parse_json(raw, top=dict, finite=False) if raw is not None else None
                 valid = isinstance(row, dict) and isinstance(row.get("step"), int) and "loss" in row
-            except (UnicodeDecodeError, json.JSONDecodeError):
+            except ValueError:  # not JSON, not UTF-8, nested thousands deep
                 valid = False
             if not valid:
-                if raw.strip():
+                if raw is None or raw.strip():
                     skipped.append(number)
                 continue
             if row["step"] < step:
@@ -407,9 +415,9 @@ def missing_logged_steps(path: Path, start: int, log_every: int) -> list[int]:
     if not expected or not path.exists():
         return sorted(expected)
     with open_regular(path) as f:
-        for raw in f:
+        for raw in bounded_lines(f):
             try:
-                expected.discard(json.loads(raw).get("step"))
+                expected.discard(parse_json(raw, top=dict, finite=False).get("step"))
             except (ValueError, AttributeError, TypeError):  # rows kept by a resume are valid; be safe
                 continue
     return sorted(expected)

@@ -48,6 +48,7 @@ from scipy import special, stats
 
 from ablate.analysis.safe_files import replace_atomic
 from ablate.analysis.stats import ONE_SIDED_ALPHA
+from ablate.bounded_read import UnreadableFile, read_json
 
 PLAN_JSON, BACKTEST_MD = "backtest_plan.json", "backtest.md"
 MIN_FIT_RUNGS = 3
@@ -82,10 +83,13 @@ def load_plan(out: Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise BacktestError(f"{path}: not a backtest plan ({e}); valid: the file `ablate ladder --backtest` wrote") \
-            from None
+        return read_json(path, top=dict)
+    except UnreadableFile as e:  # a FIFO, too large, not JSON, nested, not an object
+        raise BacktestError(f"{path}: not a backtest plan ({e.why}); valid: the file `ablate ladder --backtest` "
+                            "wrote") from None
+    except OSError as e:
+        raise BacktestError(f"{path}: not a backtest plan ({e.strerror or e}); valid: the file `ablate ladder "
+                            "--backtest` wrote") from None
 
 
 def check_plan(out: Path, identity: dict, held_out_started: bool) -> None:

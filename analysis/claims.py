@@ -90,7 +90,6 @@ The rules (analysis/decide.py and analysis/sequential.py apply them):
 """
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -100,6 +99,7 @@ import pandas as pd
 from ablate.analysis.claim_measures import MEASURES
 from ablate.analysis.selection import SelectionError, select
 from ablate.analysis.stats import ONE_SIDED_ALPHA
+from ablate.bounded_read import UnreadableFile, read_toml
 
 EXPECTATIONS = ("higher", "lower", "not_higher", "not_lower")
 NON_INFERIORITY = ("not_higher", "not_lower")
@@ -181,9 +181,11 @@ class Claim:
 
 def load_claim(path: str | Path) -> Claim:
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+    try:  # bounded: a FIFO, a device, a huge or deeply nested file is refused in one line
+        data = read_toml(path)
+    except UnreadableFile as e:
+        raise ClaimError(f"{path}: unreadable claim ({e.why})") from None
+    except OSError as e:
         raise ClaimError(f"{path}: unreadable claim ({' '.join(str(e).split())})") from None
     from ablate.analysis.claim_checks import check_claim, check_data
 

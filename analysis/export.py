@@ -40,6 +40,7 @@ from typing import Any, Iterable, Iterator
 from ablate.analysis.load import VARIANT_AXES, RunFiles, read_run_files, scan_runs, setting_keys
 from ablate.analysis.metrics_index import MetricsIndex
 from ablate.analysis.safe_files import create_temporary, output_folder, replace_atomic
+from ablate.bounded_read import read_json
 from ablate.rundir import COMPLETED, METRICS, RESULT_KEYS, SUMMARY
 
 SUMMARY_FIELDS = RESULT_KEYS  # summary.json's numbers (ablate/rundir.py)
@@ -410,7 +411,10 @@ def _export_wandb_cell(wandb, files: RunFiles, metrics: MetricsIndex, out: Path,
     """Log one cell as an offline run unless it is unchanged; returns its new export state."""
     name, run_id = run_name(files), wandb_run_id(files)
     state_path = state_dir / f"{run_id}.json"
-    state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    try:  # export's own record: a damaged one (bounded_read) is exported again
+        state = read_json(state_path)
+    except (OSError, ValueError):
+        state = {}
     steps = metrics.steps_after(-1)
     last = int(steps[-1]) if len(steps) else -1
     summary_digest = _digest(files.summary) if files.summary is not None else None

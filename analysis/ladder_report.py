@@ -31,6 +31,7 @@ from ablate.analysis import scaling
 from ablate.analysis.cpu_forms import mix_note
 from ablate.analysis.safe_files import replace_atomic
 from ablate.analysis.verdict import evaluate
+from ablate.bounded_read import LISTING_BYTES, read_json
 
 LADDER_JSON, RESULT_JSON, REPORT_MD = "ladder.json", "ladder_result.json", "ladder.md"
 LOSS_MEASURES = ("final_val_loss",)
@@ -122,7 +123,8 @@ def rung_multiplier(runs, metrics, compare, alpha: float) -> dict | None:
 
 
 def load_ladder(out: Path) -> dict:
-    return json.loads((Path(out) / LADDER_JSON).read_text())
+    """ladder.json, through the bounded reader: a damaged one is UnreadableFile (one line, exit 2)."""
+    return read_json(Path(out) / LADDER_JSON, top=dict, limit=LISTING_BYTES)
 
 
 def evaluate_rungs(claim, out: Path, ladder: dict) -> list[dict]:

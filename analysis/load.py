@@ -24,6 +24,8 @@ import pandas as pd
 from ablate.rundir import (CONFIG, DONE, FINISHED, GRID_JSON, METRICS, RUNNING, SETTING_KEYS, SUMMARY,  # noqa: F401
                            identity_keys, summary_status)
 from ablate.analysis.cpu_forms import FORM_KEYS
+from ablate.bounded_read import (LINE_BYTES, LISTING_BYTES, STATE_BYTES, UnreadableFile, parse_json, read_json,
+                                 sized_lines)
 from ablate.variant_axes import AXES, VALUE_BEFORE_IT_EXISTED
 
 # The axes of a block variant (ablate/variant_axes.py; docs/variants.md); config.json's `variant` holds one value for each.
@@ -213,15 +215,14 @@ def grid_cell_ids(grid: dict[str, Any] | None) -> list[str]:
 
 def read_json_object(path: Path) -> dict[str, Any]:
     """A JSON object from `path`; DamagedFile (with the reason) for anything else."""
-    try:
-        with open(path, "rb") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+    limit = LISTING_BYTES if path.name == GRID_JSON else STATE_BYTES
+    try:  # bounded: a FIFO, a device, a huge, nested or non-finite file is damaged, never a hang or a crash
+        return read_json(path, top=dict, limit=limit)
+    except UnreadableFile as e:
+        raise DamagedFile(f"unreadable ({e.why})") from None
+    except OSError as e:
         reason = ": ".join([type(e).__name__, *str(e).splitlines()[:1]])
         raise DamagedFile(f"unreadable ({reason})") from None
-    if not isinstance(data, dict):
-        raise DamagedFile(f"not a JSON object (a {type(data).__name__})")
-    return data
 
 
 def read_run_files(cell_dir: Path, skipped: list[str], rows: bool = True) -> RunFiles | None:
@@ -287,14 +288,15 @@ def scan_metrics(source: Path | BinaryIO, cell_id: str,
 
 def _scan_lines(f: BinaryIO, cell_id: str, skipped: list[str] | None) -> Iterator[tuple[int, dict[str, Any]]]:
     bad, number, offset = [], 0, f.seek(0)
-    while line := f.readline():
+    for line, size in sized_lines(f):  # a line over LINE_BYTES is None, read past in pieces
         number += 1
-        row, why = parse_metrics_line(line) if line.strip() else (None, None)  # a blank line: no row, no loss
+        row, why = ((None, f"longer than {LINE_BYTES} bytes") if line is None else parse_metrics_line(line)
+                    if line.strip() else (None, None))  # a blank line: no row, no loss
         if row is not None:
             yield offset, row
         elif why:
             bad.append((number, why))
-        offset += len(line)
+        offset += size
     for line, why in bad:
         where = "last line" if line == number else f"line {line}"
         hint = " (cut by a crash, or still being written)" if line == number else "; the rows after it are kept"
@@ -304,8 +306,8 @@ def _scan_lines(f: BinaryIO, cell_id: str, skipped: list[str] | None) -> Iterato
 def parse_metrics_line(line: bytes) -> tuple[dict[str, Any] | None, str | None]:
     """(row, None) for a JSON object with an integer `step`, else (None, why)."""
     try:
-        row = json.loads(line.decode("utf-8"))
-    except ValueError:  # json.JSONDecodeError and UnicodeDecodeError alike
+        row = parse_json(line.decode("utf-8"), top=None, finite=False)
+    except ValueError:  # not JSON, not UTF-8, nested thousands deep (bounded_read)
         return None, "not JSON"
     if isinstance(row, dict) and isinstance(row.get("step"), int) and not isinstance(row["step"], bool):
         return row, None

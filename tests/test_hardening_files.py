@@ -228,3 +228,107 @@ def test_a_300_character_group_is_exported_under_a_shortened_name_and_said(tmp_p
     assert short != path_component("g" * 301)  # and still one name per group
     assert list((tmp_path / "tb" / short / "seed=0").glob("events.out.tfevents.*"))
     assert len(list((tmp_path / "tb").rglob("events.out.tfevents.*.start*"))) == 2
+
+
+# ------------------------------------------- state and input files read through one bounded reader
+# (ablate/bounded_read.py): a damaged state file is set aside with one line, a damaged input file
+# is refused in one line (exit 2); nothing blocks, reads without end, or ends in a traceback.
+
+FAST = 60  # a FIFO blocked, /dev/zero read without end: a regression fails here instead of hanging
+KEY = {"claim": "c", "scale": "quick", "overrides": {}}
+NESTED = "[" * 3000 + "]" * 3000
+DAMAGED_DECIDE = {
+    "seconds 1e999": '{"version": 1, "key": KEY, "looks": [], "seconds": 1e999}',
+    "seconds Infinity": '{"version": 1, "key": KEY, "looks": [], "seconds": Infinity}',
+    "seconds '1e999'": '{"version": 1, "key": KEY, "looks": [], "seconds": "1e999"}',
+    "seconds of 400 digits": '{"version": 1, "key": KEY, "looks": [], "seconds": ' + "9" * 400 + "}",
+    "nested looks": '{"version": 1, "key": KEY, "looks": ' + NESTED + ', "seconds": 1}',
+    "nested": NESTED,
+}
+
+
+@pytest.mark.parametrize("name", sorted(DAMAGED_DECIDE))
+def test_a_damaged_decide_json_is_set_aside_and_the_budget_starts_afresh(name, tmp_path):
+    """E2, E3: a non-finite or huge `seconds`, or JSON nested thousands deep, used to end every
+    rerun in a traceback (or an infinite time spent that could not be written back)."""
+    from ablate.claim.looks import LookLog
+
+    path = tmp_path / "decide" / "decide.json"
+    path.parent.mkdir()
+    path.write_text(DAMAGED_DECIDE[name].replace("KEY", json.dumps(KEY)))
+    log, why = LookLog.load(path, KEY)
+    assert (log.looks, log.seconds) == ([], 0.0)
+    assert why.startswith(f"{path}: ") and "set aside" in why and "\n" not in why
+    log.write(path)  # and the fresh record is written over it
+    assert LookLog.load(path, KEY)[1] == ""
+
+
+PLAN = "backtest_plan.json"
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '"a plan"', "7", "null", NESTED, '{"held_out": 1e999}'])
+def test_a_backtest_plan_that_is_not_an_object_is_refused_in_one_line(text, tmp_path):
+    """E6: a list, a string or a number used to end in AttributeError, a nested one in RecursionError."""
+    from ablate.analysis.backtest import BacktestError, check_plan
+
+    (tmp_path / PLAN).write_text(text)
+    with pytest.raises(BacktestError) as e:
+        check_plan(tmp_path, {"held_out": "r3"}, held_out_started=True)
+    assert str(e.value).startswith(f"{tmp_path / PLAN}") and "\n" not in str(e.value)
+
+
+def _not_a_regular_file(kind: str, tmp_path: Path) -> Path:
+    if kind == "/dev/zero":
+        return Path("/dev/zero")
+    fifo_at(tmp_path / "input.toml")
+    return tmp_path / "input.toml"
+
+
+@pytest.mark.parametrize("kind", ["/dev/zero", "a FIFO"])
+@pytest.mark.parametrize("command", [["grid", "{}", "--dry-run"], ["grid", "{}"], ["train", "--config", "{}"]])
+def test_a_grid_or_config_file_that_is_not_a_regular_file_is_refused_at_once(command, kind, tmp_path):
+    """E8, E12: `ablate grid /dev/zero --dry-run` read without end; `train --config /dev/zero`
+    ended in MemoryError; a FIFO as either blocked for ever."""
+    path = _not_a_regular_file(kind, tmp_path)
+    done = child([arg.format(path) for arg in command], tmp_path, timeout=FAST)
+    assert done.returncode == 2, done.stderr
+    assert str(path) in one_line(done.stderr) and "not a regular file" in done.stderr
+
+
+@pytest.mark.parametrize("option", ["--data", "--import"])
+def test_data_or_a_plugin_that_is_a_device_is_refused_for_what_it_is(option, tmp_path):
+    """Not 'holds no text files' nor 'does not exist': /dev/zero is there, and no regular file."""
+    done = child(["train", option, "/dev/zero", "--steps", "1", "--device", "cpu"], tmp_path, timeout=FAST)
+    assert done.returncode == 2, done.stderr
+    assert "/dev/zero" in one_line(done.stderr) and "not a regular file" in done.stderr
+
+
+@pytest.mark.parametrize("recorded", ["", 5, ["passes"]])
+def test_a_config_json_whose_cpu_form_is_no_form_is_refused_not_resumed_as_the_fallback(recorded, tmp_path):
+    """config.json `gelu_cpu: ""` used to resume as `passes` without a word."""
+    import torch
+
+    from ablate.errors import ConfigError
+    from ablate.train import _cpu_forms_for
+
+    with pytest.raises(ConfigError) as e:
+        _cpu_forms_for({"gelu_cpu": recorded, "attention_cpu": None}, tmp_path, torch.device("cpu"), "cpu")
+    assert str(tmp_path) in str(e.value) and "gelu_cpu" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["config.json", "summary.json", "grid.json", "metrics.jsonl"])
+def test_a_run_file_nested_thousands_deep_is_named_and_left_out_by_the_reader(name, tmp_path):
+    """analysis read config.json, summary.json and grid.json with json.load and each metrics line
+    with json.loads: a file (or a line) nested thousands deep ended `report` in RecursionError."""
+    from ablate.analysis.load import load_runs
+
+    runs = [write_run(tmp_path, V, seed) for seed in range(2)]
+    write_grid(tmp_path, runs)
+    spoiled = tmp_path / name if name == "grid.json" else runs[1].path / name
+    with open(spoiled, "a" if name == "metrics.jsonl" else "w") as f:
+        f.write(NESTED + "\n")
+    with pytest.warns(UserWarning) as caught:
+        loaded = load_runs(tmp_path)
+    said = [str(w.message) for w in caught if name in str(w.message)]
+    assert len(said) == 1 and "\n" not in said[0], said
+    assert len(loaded.cells) == (1 if name in ("config.json", "summary.json") else 2)

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import os
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
+from ablate import bounded_read
 from ablate.backends import slurm_tools
 from ablate.backends.slurm_job import SlurmCellJob, read_result
 from ablate.backends.base import Backend, RunResult, record_payload
@@ -175,7 +175,7 @@ class _SubmitLock:
 def read_jobs(folder: Path) -> dict[str, str]:
     """{cell id: job id} of the jobs submitted for this grid so far."""
     try:
-        data = json.loads((folder / JOBS_FILE).read_text())
+        data = bounded_read.read_json(folder / JOBS_FILE, top=dict, limit=bounded_read.LISTING_BYTES)  # bounded: damaged is none
     except (OSError, ValueError):
         return {}
     return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}

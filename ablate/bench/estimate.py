@@ -158,24 +158,18 @@ def _cache_path():
 
 def _read_cache() -> tuple[dict, str | None]:
     """The cache's entries by thread count, and why the file cannot be used (None: it can, or
-    there is none). A FIFO is not waited on, a device not read (open_regular), nor a large file."""
-    from ablate.rundir import open_regular
+    there is none). A FIFO is not waited on, a device not read, nor a large file, nor one nested
+    thousands deep (ablate/bounded_read.py)."""
+    from ablate.bounded_read import UnreadableFile, read_json
 
     try:
-        with open_regular(_cache_path()) as f:
-            text = f.read(CACHE_LIMIT + 1)
-        if len(text) > CACHE_LIMIT:
-            return {}, f"it is over {CACHE_LIMIT} bytes"
-        entries = json.loads(text)
+        return read_json(_cache_path(), top=dict, limit=CACHE_LIMIT), None
     except FileNotFoundError:
         return {}, None
+    except UnreadableFile as e:
+        return {}, f"it {e.why}" if e.why.startswith(("holds", "nested")) else f"it cannot be read: {e.why}"
     except OSError as e:
         return {}, f"cannot read it: {e.strerror or e}"
-    except ValueError:  # UnicodeDecodeError among them
-        return {}, "it is not JSON"
-    if not isinstance(entries, dict):
-        return {}, f"it holds a JSON {type(entries).__name__}, not an object"
-    return entries, None
 
 
 def _cached(threads: int) -> tuple[Speed | None, str | None]:

@@ -25,6 +25,7 @@ unfinished, a look left): its verdict.json says why, and a rerun resumes.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,8 +61,8 @@ class LookLog:
             data = read_json(path)
             ok = (data.get("version") == DECIDE_VERSION and data.get("key") == key
                   and all(isinstance(ids, list) and all(isinstance(i, str) for i in ids) for ids in data["looks"])
-                  and float(data["seconds"]) >= 0)
-        except (OSError, ValueError, AttributeError, TypeError, KeyError):
+                  and 0 <= float(data["seconds"]) < math.inf)  # "1e999" as a string too
+        except (OSError, ValueError, AttributeError, TypeError, KeyError):  # UnreadableFile is a ValueError
             ok = False
         if not ok:
             return cls(key), f"{path}: not this design's record (or damaged): set aside, the budget starts afresh"

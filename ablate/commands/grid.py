@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import os
 import sys
-import tomllib
 from pathlib import Path
 
 from ablate.backends import BACKENDS
+from ablate.bounded_read import read_toml
 from ablate.errors import ConfigError
 from ablate.rundir import PENDING
 
@@ -146,8 +146,8 @@ def _load(args, overrides):
 
 def _has_imports(grid: str) -> bool:
     try:
-        return bool(tomllib.loads(Path(grid).read_text()).get("imports"))
-    except (OSError, ValueError):  # a shipped grid's name, or a file the error was about
+        return bool(read_toml(Path(grid)).get("imports"))
+    except (OSError, ValueError):  # a shipped grid's name, or a file the error was about (UnreadableFile)
         return False
 
 

@@ -9,15 +9,13 @@ and rate come from the last few kilobytes of its metrics.jsonl, never the whole 
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import jsonlines
-
+from ablate.bounded_read import parse_json
 from ablate.errors import ConfigError
 from ablate import rundir
 from ablate.rundir import (COMPLETED, CONFIG, DIVERGED, DONE, FAILED, FINISHED, GRID_JSON, INTERRUPTED, LOCK, METRICS,
@@ -52,11 +50,9 @@ class CellState:
 
 def _read_object(path: Path) -> dict | None:
     try:
-        with open_regular(path) as f:
-            data = json.load(f)
-    except (OSError, ValueError):
+        return rundir.read_json(path, top=dict)
+    except (OSError, ValueError):  # none, or damaged (bounded_read.UnreadableFile)
         return None
-    return data if isinstance(data, dict) else None
 
 
 def _object(value) -> dict:
@@ -77,13 +73,20 @@ def tail_rows(path: Path, size: int = TAIL_BYTES) -> list[dict]:
                 if start > 0:
                     lines = lines[1:]  # the first piece may be the end of a longer line
                 # A line cut by a crash or still being written, or garbage, is skipped.
-                rows = [r for r in jsonlines.Reader(lines).iter(skip_empty=True, skip_invalid=True)
-                        if isinstance(r, dict) and isinstance(r.get("step"), int)]
+                rows = [r for r in map(_row, lines) if isinstance(r, dict) and isinstance(r.get("step"), int)]
                 if len(rows) >= 2 or start == 0 or size >= MAX_TAIL_BYTES:
                     return rows
                 size *= 4
     except OSError:
         return []
+
+
+def _row(line: bytes):
+    """One metrics line as JSON, None when it is not (bounded_read: nesting thousands deep too)."""
+    try:
+        return parse_json(line, top=dict, finite=False)
+    except ValueError:
+        return None
 
 
 def rate(rows: list[dict]) -> float | None:

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import sys
-import tomllib
 from pathlib import Path
 
+from ablate.bounded_read import UnreadableFile, read_toml
 from ablate.config import EXECUTION, EXPERIMENT, OBSERVATION, OPTION_NAMES, OPTIONS, TRAIN_ID_OPTIONS
 from ablate.errors import ConfigError
 from ablate.grid.spec import parse_overrides
@@ -42,19 +42,12 @@ def collect_options(args) -> tuple[dict, set[str]]:
 
 def _read_config_file(path: Path) -> dict:
     name = repr(str(path))
-    try:
-        return tomllib.loads(path.read_bytes().decode("utf-8"))  # TOML is UTF-8 by definition
+    try:  # bounded: a FIFO is refused at once, /dev/zero never read, deep nesting caught
+        return read_toml(path)
     except FileNotFoundError:
         raise ConfigError(f"config file {name} does not exist") from None
-    except IsADirectoryError:
-        raise ConfigError(f"config file {name} is a folder; valid: a TOML file") from None
-    except OSError as e:
-        raise ConfigError(f"config file {name} cannot be read ({e.strerror}); valid: a readable TOML file") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"config file {name} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
-                          f"{e.start}); valid: a UTF-8 TOML file") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"config file {name} is not valid TOML: {e}") from None
+    except UnreadableFile as e:
+        raise ConfigError(f"config file {name} cannot be read ({e.why}); valid: a UTF-8 TOML file") from None
 
 
 def add_arguments(p) -> None:

@@ -26,12 +26,12 @@ from __future__ import annotations
 import itertools
 import re
 import sys
-import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
+from ablate.bounded_read import UnreadableFile, kind_of, read_toml
 from ablate.cell import Cell, check_id_fits
 from ablate.config import EXECUTION_KEYS, OPTION_NAMES, OPTIONS, TrainConfig, coerce_option, group_id, resolve, with_seed
 from ablate.errors import ConfigError
@@ -154,7 +154,8 @@ def find_grid(grid: str) -> Path:
     path = Path(grid)
     if path.suffix == ".toml" or path.exists() or "/" in grid:
         if not path.is_file():
-            what = "is a folder, not a file" if path.is_dir() else "does not exist"
+            what = ("is a folder, not a file" if path.is_dir() else "does not exist" if not path.exists()
+                    else f"is {kind_of(path.stat().st_mode)}")  # a FIFO, a device: there, and no file
             raise ConfigError(f"grid file {grid!r} {what}; valid: a TOML file or a shipped grid "
                               f"({', '.join(shipped_grids())})")
         return path
@@ -271,12 +272,12 @@ def _grid_imports(source: str, imports: list[str], base: Path, policy: str) -> N
 
 def read_grid_file(path: Path, imports_policy: str = REFUSE_IMPORTS) -> dict[str, Any]:
     source = str(path)
-    try:
-        data = tomllib.loads(Path(path).read_text())
+    try:  # bounded: a FIFO is refused at once, /dev/zero never read, deep nesting caught
+        data = read_toml(path)
+    except UnreadableFile as e:
+        raise _fail(source, "", e.why) from None
     except OSError as e:
         raise ConfigError(f"{source}: cannot read: {e.strerror}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise _fail(source, "", f"not valid TOML: {e}") from None
     for key in data:
         if key not in TOP_KEYS:
             raise _fail(source, "", f"unknown key {key!r}; valid: {', '.join(TOP_KEYS)}")

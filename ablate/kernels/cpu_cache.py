@@ -23,6 +23,7 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
+from ablate.bounded_read import UnreadableFile, read_json
 from ablate.rundir import TEMPORARY_GLOB, open_regular, replace_atomic
 
 RECORD = ".build.json"  # <library><RECORD>: what the build wrote
@@ -64,13 +65,14 @@ def _recorded(library: Path) -> tuple[dict | None, str | None]:
     """(the build record, None) or (None, why it is not one)."""
     path = record_path(library)
     try:
-        with open_regular(path, follow_links=False) as f:
-            record = json.loads(f.read(_RECORD_BYTES + 1)[:_RECORD_BYTES])
+        record = read_json(path, top=dict, limit=_RECORD_BYTES, follow_links=False)
     except FileNotFoundError:
         return None, "has no build record"
-    except (OSError, ValueError) as e:
-        return None, f"has a damaged build record ({_what_is(path, e) if isinstance(e, OSError) else 'not JSON'})"
-    if (not isinstance(record, dict) or not isinstance(record.get("sha256"), str)
+    except UnreadableFile as e:  # a link, a FIFO, too large, not JSON, nested thousands deep: rebuilt
+        return None, f"has a damaged build record ({e.why})"
+    except OSError as e:
+        return None, f"has a damaged build record ({_what_is(path, e)})"
+    if (not isinstance(record.get("sha256"), str)
             or type(record.get("bytes")) is not int):
         return None, "has a damaged build record (no sha256 and bytes)"
     return record, None

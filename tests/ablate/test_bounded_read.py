@@ -165,3 +165,28 @@ def test_lines_longer_than_the_cap_are_passed_over_in_pieces(tmp_path):
         assert list(bounded_lines(f, limit=11)) == [b'{"step": 0}\n', None, b"y" * 10 + b"\n", b"z" * 11 + b"\n",
                                                     b'{"step": 1}']
     assert LINE_BYTES >= 1 << 16  # a harness row is far below it
+
+
+def test_line_lengths_are_kept_across_pieces_and_long_lines(tmp_path):
+    from ablate.bounded_read import sized_lines
+
+    long_row, huge = b'{"k": "' + b"x" * 200_000 + b'"}\n', b"y" * 300_000 + b"\n"
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(long_row + huge + b"tail")
+    with open(path, "rb") as f:
+        assert list(sized_lines(f, limit=250_000)) == [(long_row, len(long_row)), (None, len(huge)), (b"tail", 4)]
+
+
+def test_a_small_file_is_read_without_setting_its_cap_aside(tmp_path):
+    """read(limit) would allocate the whole cap (64 MiB for grid.json) for a file of a few bytes."""
+    import tracemalloc
+
+    path = tmp_path / "x.json"
+    path.write_text('{"a": 1}')
+    tracemalloc.start()
+    try:
+        assert read_json(path, limit=64 << 20) == {"a": 1}
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak

@@ -326,7 +326,7 @@ def test_options_come_from_a_config_file_and_flags_override_it(tmp_path, capsys)
     assert run_dir.name.startswith("post.layernorm.gelu.dense.res__")
     config.write_text("steps = [\n")
     assert main(["train", "--config", str(config), "--out", str(tmp_path / "bad")]) == 2
-    assert "is not valid TOML" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+    assert "cannot be read (not valid TOML" in capsys.readouterr().err and not (tmp_path / "bad").exists()
 
 
 # ------------------------------------------------------------- a resume trusts nothing on disk

@@ -231,7 +231,8 @@ def test_a_missing_or_unknown_field_is_measured_again(cache, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("text", ["not json", "[]", '"speed"', "null", '{KEY: {}}', '{KEY: "x"}', '{KEY: []}',
-                                  '{KEY: [{}]}', '{KEY: null}', "\xff\xfe"])
+                                  '{KEY: [{}]}', '{KEY: null}', "\xff\xfe", "[" * 3000 + "]" * 3000,
+                                  '{KEY: ' + "[" * 3000 + "]" * 3000 + "}"])
 def test_a_cache_that_is_not_an_object_of_lists_is_measured_again(cache, tmp_path, capsys, text):
     path, calls, _ = cache
     path.write_bytes(text.replace("KEY", json.dumps(KEY)).encode("latin-1"))

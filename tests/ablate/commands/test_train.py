@@ -294,8 +294,9 @@ def test_unusable_out_and_config_paths_are_one_line_errors(tmp_path, capsys):
     cases = [
         (train_args(a_file), "is a file, not a folder"),
         (train_args(a_file / "sub"), "is a file, not a folder"),
-        (["train", "--config", str(tmp_path), "--out", str(tmp_path / "o")], "is a folder; valid: a TOML file"),
-        (["train", "--config", str(not_utf8), "--out", str(tmp_path / "o")], "is not UTF-8 text (byte 0xe9"),
+        (["train", "--config", str(tmp_path), "--out", str(tmp_path / "o")],
+         "a folder, not a regular file); valid: a UTF-8 TOML file"),
+        (["train", "--config", str(not_utf8), "--out", str(tmp_path / "o")], "cannot be read (not UTF-8 text (byte 0xe9"),
     ]
     for args, fragment in cases:
         assert main(args) == 2
