@@ -8,6 +8,12 @@ def at_least(n):
     return lambda v: None if v >= n else f"must be at least {n}"
 
 
+def within(low, high):
+    """At least `low` and at most `high`: a ceiling past any real run, so a larger value is a typo."""
+    return lambda v: (f"must be at least {low}" if v < low else
+                      None if v <= high else f"must be at most {high}; valid: {low}..{high}")
+
+
 def positive(v):
     return None if v > 0 else "must be positive"
 

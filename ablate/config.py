@@ -35,7 +35,7 @@ from functools import cached_property
 from typing import Any, Callable, Mapping
 
 from ablate.checks import above_one as _above_one, at_least as _at_least, non_negative as _non_negative
-from ablate.checks import positive as _positive, unit as _unit
+from ablate.checks import positive as _positive, unit as _unit, within as _within
 from ablate.errors import ConfigError
 from ablate.kernels import BACKENDS as KERNEL_BACKENDS, kernel_choices
 from ablate.registry import ComponentOption, Registry
@@ -50,6 +50,10 @@ DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16")
 MAX_SEED = 2**63 - 1  # torch.manual_seed and numpy's generators take 64-bit seeds
 MAX_TOKENS_PER_STEP = 2**24  # far beyond one device's step; a larger batch is a typo, not a plan
+# The ceilings of the other counts, as far beyond a real run (refused before anything is built):
+MAX_STEPS = 10**7  # steps, and every interval counted in steps
+MAX_LAYERS, MAX_WIDTH = 1024, 1 << 16
+MAX_BATCHES, MAX_THREADS = 100_000, 1024  # evaluation batches; CPU threads
 
 
 @dataclass(frozen=True)
@@ -93,9 +97,9 @@ class TrainConfig:
     variant: str = _opt("gpt2", "preset, id or axis=value,... (see `ablate variants`)")
     # -- the model
     model: str = _opt("tiny", "size: " + ", ".join(SIZES), choices=lambda: list(SIZES))
-    layers: int | None = _opt(None, "number of blocks (default: the size's)", check=_at_least(1))
+    layers: int | None = _opt(None, "number of blocks (default: the size's)", check=_within(1, MAX_LAYERS))
     width: int | None = _opt(None, "d_model (default: the size's); heads grow with it at the size's head dimension",
-                             check=_at_least(1))
+                             check=_within(1, MAX_WIDTH))
     mlp_ratio: float = _opt(4.0, "dense MLP width / d_model (gated MLPs: 2/3 of it, parameter-matched)",
                             check=_positive)
     init: str | None = _opt(None, "weight init (default: the placement's own, gpt2 but deepnet for deepnorm)",
@@ -108,8 +112,8 @@ class TrainConfig:
     z_loss: float = _opt(0.0, "coefficient of mean(logsumexp(logits)^2) added to the loss (PaLM: 1e-4)",
                          check=_non_negative)
     # -- the schedule
-    steps: int = _opt(300, "training steps", check=_at_least(1))
-    warmup: int = _opt(0, "linear warmup steps", check=_non_negative)
+    steps: int = _opt(300, "training steps", check=_within(1, MAX_STEPS))
+    warmup: int = _opt(0, "linear warmup steps", check=_within(0, MAX_STEPS))
     schedule: str = _opt("cosine", "after warmup: constant, cosine or wsd", components=SCHEDULES)
     min_lr_ratio: float = _opt(0.1, "final lr / peak lr (cosine, wsd)", check=_unit)
     # -- the data and the batches
@@ -121,25 +125,26 @@ class TrainConfig:
     dtype: str = _opt("auto", "auto (bf16 autocast on GPUs, float32 on the CPU), float32, bfloat16",
                       choices=lambda: list(DTYPES), in_id=False)
     diverge_factor: float = _opt(2.0, "diverged when loss > factor x first loss (or non-finite)", check=_above_one)
-    eval_batches: int = _opt(8, "validation batches at each evaluation", check=_at_least(1), in_id=False)
+    eval_batches: int = _opt(8, "validation batches at each evaluation", check=_within(1, MAX_BATCHES),
+                             in_id=False)
     final_eval_batches: int = _opt(32, "validation batches of the final evaluation (summary's final_val_loss)",
-                                   check=_at_least(1), in_id=False)
+                                   check=_within(1, MAX_BATCHES), in_id=False)
     # -- what is logged
-    eval_every: int = _opt(50, "evaluate every N steps", OBSERVATION, check=_at_least(1))
-    log_every: int = _opt(1, "log metrics every N steps", OBSERVATION, check=_at_least(1))
+    eval_every: int = _opt(50, "evaluate every N steps", OBSERVATION, check=_within(1, MAX_STEPS))
+    log_every: int = _opt(1, "log metrics every N steps", OBSERVATION, check=_within(1, MAX_STEPS))
     probes: bool = _opt(True, "log per-layer metrics (true/false)", OBSERVATION)
     probe_every: int = _opt(10, "stability probes (attention logits, output logits, rank collapse) every N steps",
-                            OBSERVATION, check=_at_least(1))
+                            OBSERVATION, check=_within(1, MAX_STEPS))
     # -- how it executes
     kernels: str = _opt("auto", "kernel backend: " + ", ".join((*KERNEL_BACKENDS, "auto")), EXECUTION,
                         choices=kernel_choices)
     device: str = _opt("auto", "auto, cpu or cuda", EXECUTION, choices=lambda: list(DEVICES))
-    threads: int | None = _opt(None, "CPU threads (default: torch's)", EXECUTION, check=_at_least(1))
+    threads: int | None = _opt(None, "CPU threads (default: torch's)", EXECUTION, check=_within(1, MAX_THREADS))
     compile: bool = _opt(False, "torch.compile the model", EXECUTION)
     flush_denormal: bool = _opt(True, "flush subnormal floats (below ~1.2e-38) to zero on the CPU, as GPUs' fast "
                                       "paths do (unstable cells run up to 4x faster); a run keeps the value it "
                                       "started with (one without it recorded: false)", EXECUTION)
-    checkpoint_every: int = _opt(100, "checkpoint every N steps", EXECUTION, check=_at_least(1))
+    checkpoint_every: int = _opt(100, "checkpoint every N steps", EXECUTION, check=_within(1, MAX_STEPS))
     # -- the options declared elsewhere (the variant axes, the components' own: beta1, a plugin's):
     # (name, value) for each given away from its default. Read as attributes (cfg.norm, cfg.beta1),
     # listed by as_dict with the rest.

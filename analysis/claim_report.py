@@ -12,6 +12,7 @@ from ablate.analysis.claims import Claim
 from ablate.analysis.decide import SPREAD_UPPER_LEVEL
 from ablate.analysis.outcomes import SCORING_RULE
 from ablate.analysis.safe_files import replace_atomic
+from ablate.analysis.stats import ONE_SIDED_ALPHA
 from ablate.analysis.verdict import (CANNOT_TELL, CORRECTION, ClauseResult, Result, Verdict, evaluate,
                                      outcome_counts)
 
@@ -63,8 +64,16 @@ def figure(r: Result) -> str:
     return f"a - b = {_g(t.estimate)} {ci} {r.unit} over {t.n} seeds ({kind}); {t.name}, {ps}"
 
 
-def _excluded(r: Result) -> str:
-    """What a result that cannot tell still rules out, and what would resolve it."""
+def waiting(results, level: float) -> list[str]:
+    """The labels of a clause's comparisons not shown at `level` while another one is: the clause
+    (every comparison must be shown) waits for them."""
+    shown = [r.test is not None and r.test.shown(level) for r in results]
+    return [r.compare.label for r, ok in zip(results, shown) if not ok] if any(shown) and not all(shown) else []
+
+
+def _excluded(r: Result, waits: list | None = None) -> str:
+    """What a result that cannot tell still rules out, and what would resolve it (for a
+    comparison already shown, that its clause waits for its other comparisons)."""
     t, parts = r.test, []
     if t is None:
         return r.note
@@ -74,17 +83,20 @@ def _excluded(r: Result) -> str:
                 if math.isfinite(end)]
         parts.append(f"the data exclude {what} {' or '.join(ends)} {r.unit}" if ends else
                      f"{t.n} seeds exclude no value of {what} yet (its interval is unbounded)")
-    if r.kind == "binary" and t.detail:
+    if t.detail:
         parts.append(t.detail)
-    if r.seeds_needed is not None and r.kind == "binary":
+    if waits and r.compare.label not in waits:
+        parts.append("shown the claimed way; the clause waits for its other comparison"
+                     + ("s" if len(waits) > 1 else "") + ": " + "; ".join(waits))
+    elif r.seeds_needed is not None and r.kind == "binary":
         parts.append(f"a sign test needs at least {r.seeds_needed} seeds, every one the claimed way, at Holm's "
                      "first step (fewer once the other clauses are decided)")
     elif r.seeds_needed is not None:
         upper = (f", {r.seeds_needed_upper} at its {SPREAD_UPPER_LEVEL:.0%} upper confidence bound"
                  if r.seeds_needed_upper not in (None, r.seeds_needed) else "")
         parts.append(f"about {r.seeds_needed} seeds would resolve the smallest effect of interest "
-                     f"({r.compare.effect:g} {r.unit}; one-sided at Holm's first step, from the spread pooled over "
-                     f"{r.spread[1]} degrees of freedom{upper})")
+                     f"({r.compare.effect:g} {r.unit}; the sign test one-sided at Holm's first step, seeds spread as "
+                     f"the spread pooled over {r.spread[1]} degrees of freedom{upper})")
     elif r.compare.effect and r.kind == "t":
         parts.append(f"no estimate of the seeds that would resolve {r.compare.effect:g} {r.unit} (no spread observed)")
     return "; ".join(parts)
@@ -136,7 +148,8 @@ def clause_line(i: int, c: ClauseResult) -> str:
         f" (Holm-adjusted p = {_p(c.p_adjusted)})" if c.p_adjusted is not None else ""
     line = f"({LETTERS[i]}) {c.clause.label}: **{c.outcome}**{p}" + (f": {c.why}" if c.why and c.decided else "")
     if c.outcome == CANNOT_TELL:
-        excluded = [x for x in (_excluded(r) for r in c.results) if x]
+        waits = waiting(c.results, c.level or ONE_SIDED_ALPHA)
+        excluded = [x for x in (_excluded(r, waits) for r in c.results) if x]
         if excluded:
             line += f"; {'; '.join(excluded)}"
     edges = [r for r in c.results if r.edge]
@@ -173,11 +186,14 @@ def method_note(verdict: Verdict) -> str:
     return (f"Method (analysis/claims.py states every rule, with its reference): the unit is the seed (same seed = "
             f"same initial weights and batches; rates and warmups are design): each seed's paired cells are averaged "
             f"into one value and every test runs over seeds, one-sided at {claim.alpha:g}, its interval and p-values "
-            f"from the same test. A clause agrees when every comparison in it is shown beyond 0 the claimed way "
-            f"(intersection-union), and does not agree when its interval excludes the declared smallest effect of "
-            f"interest (no effect as large as the claim needs); the {len(verdict.clauses)} clauses' p-values are "
-            f"{CORRECTION.title()}-adjusted together, and the headline, a conjunction, agrees when every clause is "
-            f"shown. Failed training runs are counted: {SCORING_RULE}; a cell that did not finish is a missing "
+            f"from the same test: the exact sign test, about the median seed (a continuous measure's a - b, a "
+            f"failure measure's share of failed cells), valid however skewed the seeds' values. A clause agrees when "
+            f"every comparison in it is shown beyond 0 the claimed way (intersection-union), and does not agree when "
+            f"its interval excludes the declared smallest effect of interest (no effect as large as the claim needs; "
+            f"\"agrees in direction, smaller than claimed\" when it is also shown beyond 0); the "
+            f"{len(verdict.clauses)} clauses' p-values of \"agrees\" are {CORRECTION.title()}-adjusted together (a "
+            f"clause found short of its effect passes no share of alpha on), and the headline, a conjunction, agrees "
+            f"when every clause is shown. Failed training runs are counted: {SCORING_RULE}; a cell that did not finish is a missing "
             f"value, named above. Best rates are chosen on the sweep's seeds and tested on fresh ones. \"Cannot "
             f"tell\" gives the interval's ends and about how many seeds would resolve the declared smallest effect.")
 
@@ -209,12 +225,14 @@ def as_dict(verdict: Verdict) -> dict:
 
 
 def write_claim_report(claim: Claim, out: Path, full: bool = True, cells: Path | None = None,
-                       seeds=None, listed_only: bool = False) -> tuple[Path, Verdict]:
+                       seeds=None, listed_only: bool = False, decided_before: bool = False) -> tuple[Path, Verdict]:
     """report.md (the verdict section on top of `ablate report`'s report; with full=False the
     verdict section alone), the claim's plots and verdict.json for a grid folder that ran the
     claim's grid. `cells`: the grid folder, when the report goes to another folder `out`;
     `seeds`: the seeds whose cells the verdict reads (a design's; default every cell's);
-    `listed_only`: only the cells its grid.json lists (analysis.load.load_runs)."""
+    `listed_only`: only the cells its grid.json lists (analysis.load.load_runs);
+    `decided_before`: a `--decide` has judged this folder's seeds (the verdict says what a
+    further fixed test of them does to the error rate)."""
     from ablate.analysis.claim_measures import Context
     from ablate.analysis.claim_plots import write_claim_plots
     from ablate.analysis.load import load_runs
@@ -230,6 +248,8 @@ def write_claim_report(claim: Claim, out: Path, full: bool = True, cells: Path |
 
         metrics = cell_metrics(runs)
     verdict = evaluate(claim, runs, metrics)
+    if decided_before:
+        verdict.notes.append(after_decide_note(claim, len(set(runs.cells["seed"])) if "seed" in runs.cells else 0))
     plots = write_claim_plots(claim, Context(runs, metrics), out / "plots")
     section = verdict_section(verdict, plots)
     if full:
@@ -241,6 +261,19 @@ def write_claim_report(claim: Claim, out: Path, full: bool = True, cells: Path |
         _write(path, f"# Claim: {claim.name}\n\n{section}\n")
     _write(out / VERDICT_JSON, json.dumps(as_dict(verdict), indent=2, default=str) + "\n")
     return path, verdict
+
+
+def after_decide_note(claim: Claim, n_seeds: int) -> str:
+    """One line: what a fixed design over seeds a `--decide` has judged does to the error rate."""
+    from ablate.analysis.sequential import LOOKS, fixed_after_decide
+
+    error = fixed_after_decide(n_seeds, claim.alpha)
+    if error <= claim.alpha:
+        return (f"a --decide has judged this folder; {n_seeds} seeds add none beyond its last look ({LOOKS[-1]}), "
+                f"so this verdict adds nothing to its error rate")
+    return (f"a --decide has judged this folder's first {LOOKS[-1]} seeds: this fixed test over {n_seeds} of them is "
+            f"not at one-sided {claim.alpha:g}; a false \"agrees\" comes up to {error:.3f} of the time (one null clause); "
+            f"`--decide` over a planned continuation keeps the level")
 
 
 def write_index(entries: list[tuple[Claim, Path, Verdict | None]], path: Path) -> Path:

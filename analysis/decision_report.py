@@ -43,7 +43,8 @@ def looks_table(c: ClauseDecision) -> list[str]:
 
 def clause_section(c: ClauseDecision) -> list[str]:
     lines = [f"### ({c.letter}) {c.label}: **{c.status}**", "", f"Why it stopped: {c.why}.", "",
-             f"Level: one-sided {c.level:.3g} (Holm's share of alpha when it was decided); unit: the seed.", ""]
+             f"Level: one-sided {c.level:.3g} (Holm's share of alpha when it was decided); unit: the seed; "
+             f"the test is about {c.estimand or 'the median seed'}.", ""]
     if c.rates:
         lines += ["Rates chosen on the sweep's seeds: " + "; ".join(f"{side}: lr {v}" for side, v in c.rates.items()),
                   ""]
@@ -75,8 +76,11 @@ def method_note(decision: Decision) -> str:
             f"a best-rate comparison) and gets more only while undecided. Each look tests at its own nominal level "
             f"from the Lan-DeMets O'Brien-Fleming spending of one-sided {decision.claim.alpha:g}, so the error rate "
             f"holds however the looks end; \"does not agree: no effect as large as X\" reads the same boundary "
-            f"(non-binding futility). Clauses share alpha by graphical Holm; the headline, a conjunction, agrees when "
-            f"every clause is shown at the full level. Failed training runs are counted: {SCORING_RULE}.")
+            f"(non-binding futility). Every test is the exact sign test over seeds, about the median seed, valid "
+            f"however skewed the seeds' values. Clauses share alpha by graphical Holm: only a clause shown the "
+            f"claimed way passes its share on, never one stopped for futility; the headline, a conjunction, agrees "
+            f"when every clause is shown at the full level. The looks' seeds are the grid's own, then the next "
+            f"integers. Failed training runs are counted: {SCORING_RULE}.")
 
 
 def plot_running_statistic(decision: Decision, path: Path, dpi: int = 110) -> Path | None:

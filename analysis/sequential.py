@@ -45,6 +45,7 @@ from scipy import stats as scipy_stats
 
 from ablate.analysis import decide
 from ablate.analysis.claim_checks import CLAUSE_LETTERS
+from ablate.analysis.claim_report import waiting
 from ablate.analysis.claim_measures import MEASURES, Context
 from ablate.analysis.claims import Claim, Clause
 from ablate.analysis.verdict import (AGREES, CANNOT_TELL, DISAGREES, SMALLER, SWEEP_SEEDS, Result, compare, headline,
@@ -69,13 +70,16 @@ def spent(t: float, alpha: float) -> float:
 
 
 @lru_cache(maxsize=256)
-def boundaries(looks: tuple = LOOKS, alpha: float = decide.ONE_SIDED_ALPHA) -> tuple:
-    """Upper critical values c_k (z scale) at each look's seeds, spending alpha as `spent` says."""
+def boundaries(looks: tuple = LOOKS, alpha: float = decide.ONE_SIDED_ALPHA, kept: tuple = ()) -> tuple:
+    """Upper critical values c_k (z scale) at each look's seeds, spending alpha as `spent` says.
+    `kept`: the boundaries the first len(kept) looks were already read at (an earlier plan's):
+    they stay, and the later looks spend what is left of `spent` over this plan's fractions, an
+    error-spending continuation (Lan & DeMets 1983). Where nothing is left (an earlier plan
+    finished has spent all of alpha) a look's boundary is infinite: it cannot decide."""
     fractions = [n / looks[-1] for n in looks]
     out, grid, density, previous_t, previous_spent = [], None, None, 0.0, 0.0
-    for t in fractions:
+    for k, t in enumerate(fractions):
         step = t - previous_t
-        target = spent(t, alpha) - previous_spent
 
         def crossing(b, grid=grid, density=density, step=step):
             # P(first crossing at this look): B(t) >= b * sqrt(t), having stayed below before
@@ -84,11 +88,44 @@ def boundaries(looks: tuple = LOOKS, alpha: float = decide.ONE_SIDED_ALPHA) -> t
             tail = scipy_stats.norm.sf((b * math.sqrt(t) - grid) / math.sqrt(step))
             return float(np.trapezoid(density * tail, grid))
 
-        c = optimize.brentq(lambda b: crossing(b) - target, -10.0, 40.0, xtol=1e-10)
+        target = spent(t, alpha) - previous_spent
+        if k < len(kept):
+            c = kept[k]
+        elif target <= 1e-12:
+            c = math.inf
+        else:
+            c = optimize.brentq(lambda b: crossing(b) - target, -10.0, 40.0, xtol=1e-10)
         out.append(c)
-        grid, density = _continue(grid, density, step, c * math.sqrt(t), t)
-        previous_t, previous_spent = t, spent(t, alpha)
+        previous_spent += crossing(c) if math.isfinite(c) else 0.0
+        grid, density = _continue(grid, density, step, min(c, 12.0) * math.sqrt(t), t)
+        previous_t = t
     return tuple(out)
+
+
+def continued(old_looks: tuple, read: int, looks: tuple, alpha: float) -> tuple:
+    """The boundaries of the plan `looks` continuing a plan `old_looks` whose first `read` looks
+    were read (at their old boundaries, which stay); `looks` starts with those looks' seeds."""
+    if tuple(looks[:read]) != tuple(old_looks[:read]):
+        raise ValueError(f"looks {list(looks)} do not continue {list(old_looks[:read])}")
+    return boundaries(tuple(looks), float(alpha), tuple(boundaries(tuple(old_looks), float(alpha))[:read]))
+
+
+def fixed_after_decide(n_seeds: int, alpha: float = decide.ONE_SIDED_ALPHA, looks: tuple = LOOKS) -> float:
+    """The chance of a false "agrees" (one null clause, the statistic's Brownian motion) when a
+    `--decide` over `looks` has judged a folder and a fixed design of `n_seeds` seeds is then
+    tested over the same seeds at `alpha`: the plan's alpha, plus the fixed test's crossing
+    where the plan did not cross. Seeds within the plan's last look add nothing new to cross."""
+    if n_seeds <= looks[-1]:
+        return float(alpha)
+    cs = boundaries(tuple(looks), float(alpha))
+    grid, density, previous_t = None, None, 0.0
+    for n, c in zip(looks, cs):
+        t = n / n_seeds
+        grid, density = _continue(grid, density, t - previous_t, c * math.sqrt(t), t)
+        previous_t = t
+    step = 1.0 - previous_t
+    tail = scipy_stats.norm.sf((scipy_stats.norm.isf(alpha) - grid) / math.sqrt(step))
+    return float(alpha + np.trapezoid(density * tail, grid))
 
 
 def _continue(grid, density, step: float, upper: float, t: float):
@@ -101,9 +138,11 @@ def _continue(grid, density, step: float, upper: float, t: float):
 
 
 @lru_cache(maxsize=256)
-def nominal_levels(alpha: float, looks: tuple = LOOKS) -> tuple:
-    """Each look's nominal one-sided level: a test decides at look k when its p <= this."""
-    return tuple(float(scipy_stats.norm.sf(c)) for c in boundaries(tuple(looks), float(alpha)))
+def nominal_levels(alpha: float, looks: tuple = LOOKS, kept_from: tuple | None = None) -> tuple:
+    """Each look's nominal one-sided level: a test decides at look k when its p <= this.
+    `kept_from` (old looks, looks read): a continuation, `continued`'s boundaries."""
+    cs = continued(*kept_from, tuple(looks), alpha) if kept_from else boundaries(tuple(looks), float(alpha))
+    return tuple(float(scipy_stats.norm.sf(c)) for c in cs)
 
 
 def _z(p: float | None) -> float | None:
@@ -300,13 +339,6 @@ def _at_look(r: Result, look: Look) -> Result:
     return replace(r, keys=tuple(r.keys[i] for i in keep), a=tuple(r.a[i] for i in keep),
                    b=tuple(r.b[i] for i in keep), seed_ids=r.seed_ids[:look.n_seeds],
                    seed_values=r.seed_values[:look.n_seeds], test=run_test(r, look.nominal_level, look.n_seeds))
-
-
-def waiting(results, level: float) -> list[str]:
-    """The labels of a clause's comparisons not yet shown at `level` while another one is: the
-    clause (intersection-union) waits for them."""
-    shown = [r.test is not None and r.test.shown(level) for r in results]
-    return [r.compare.label for r, ok in zip(results, shown) if not ok] if any(shown) and not all(shown) else []
 
 
 def _why(c: ClauseDecision, results: list[Result], looks: tuple) -> str:

@@ -106,3 +106,40 @@ def test_a_commands_python_warnings_are_one_line_each_without_source(monkeypatch
     monkeypatch.setattr(command, "run", warns)
     assert main(["variants"]) == 0
     assert capsys.readouterr().err == "ablate variants: warning: a library's warning\n"
+
+
+def _refused(argv: list[str], capsys) -> str:
+    """The one line a command refuses `argv` with, exit 2: by the parser (SystemExit) or by run."""
+    try:
+        status = main(argv)
+    except SystemExit as e:
+        status = e.code
+    assert status == 2
+    return one_line(capsys.readouterr().err)
+
+
+def test_every_count_has_a_ceiling_refused_in_one_line_before_anything_is_built(tmp_path, capsys):
+    out = tmp_path / "out"
+    big = "9" * 401
+    cases = [
+        (["train", "--steps", "10000001"], "steps 10000001 must be at most 10000000; valid: 1..10000000"),
+        (["train", "--width", "1000000000"], "width 1000000000 must be at most 65536; valid: 1..65536"),
+        (["train", "--layers", big], "must be at most 1024; valid: 1..1024"),
+        (["train", "--threads", "5000"], "threads 5000 must be at most 1024"),
+        (["train", "--set", "checkpoint_every=10000001"], "checkpoint_every 10000001 must be at most 10000000"),
+        (["grid", "mission", "--set", f"steps={big}"], "must be at most 10000000"),
+        (["grid", "mission", "--workers", big], "argument --workers: '99999999999999999...99999999999999999' "
+                                                "(401 characters) is not a count of 0..1024"),
+        (["grid", "mission", "--retries", "101"], "argument --retries: '101' is not a count of 0..100"),
+        (["grid", "mission", "--cpus-per-cell", "inf", "--backend", "ray"], "argument --cpus-per-cell: 'inf' is not a "
+                                                                           "number of 0..1024"),
+        (["grid", "mission", "--time", "43201", "--backend", "slurm"], "argument --time: '43201' is not a count of "
+                                                                      "1..43200"),
+        (["reproduce", "identity-init", "--workers", "1025"], "argument --workers: '1025' is not a count of 0..1024"),
+        (["reproduce", "identity-init", "--seeds", "1000000000", "--dry-run"], "--seeds '1000000000' is not a number "
+                                                                               "of seeds; valid: a whole number in "
+                                                                               "2..10000"),
+    ]
+    for argv, message in cases:
+        assert message in _refused([*argv, "--out", str(out)], capsys), argv
+    assert not out.exists()

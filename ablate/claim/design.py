@@ -17,6 +17,7 @@ import dataclasses
 import re
 from pathlib import Path
 
+from ablate.counts import shown
 from ablate.errors import ConfigError
 
 DECIDE_DIR = "decide"
@@ -40,15 +41,9 @@ def parse_seeds(text: str | None) -> int | None:
     except ValueError:
         n = None
     if n is None or not MIN_SEEDS <= n <= MAX_SEEDS:  # refused before any list of seeds is built
-        raise ConfigError(f"--seeds {_shown(text)} is not a number of seeds; valid: a whole number in "
+        raise ConfigError(f"--seeds {shown(text)} is not a number of seeds; valid: a whole number in "
                           f"{MIN_SEEDS}..{MAX_SEEDS}")
     return n
-
-
-def _shown(text) -> str:
-    """A value as a refusal shows it: repr, its middle elided past 40 characters (a 400-digit number)."""
-    shown = repr(str(text))
-    return shown if len(shown) <= 40 else f"{shown[:18]}...{shown[-18:]} ({len(str(text))} characters)"
 
 
 def parse_budget(text: str | None) -> float | None:
@@ -58,7 +53,7 @@ def parse_budget(text: str | None) -> float | None:
     found = _DURATION.match(str(text))
     seconds = float(found.group(1)) * _UNIT_SECONDS[found.group(2)] if found else 0.0
     if not 0 < seconds <= MAX_BUDGET_HOURS * 3600:  # a 400-digit number reads as inf: refused too
-        raise ConfigError(f"--budget {_shown(text)} is not a duration; valid: a positive number with a unit s, m or "
+        raise ConfigError(f"--budget {shown(text)} is not a duration; valid: a positive number with a unit s, m or "
                           f"h, up to {MAX_BUDGET_HOURS}h, e.g. 90s, 30m, 1.5h")
     return seconds
 

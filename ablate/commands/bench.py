@@ -3,10 +3,18 @@ against a plain nanoGPT-style loop and the machine's matmul peak, and the kernel
 torch's ops (ablate/bench/; docs/performance.md)."""
 from __future__ import annotations
 
+import math
+import re
+
 PARTS = ("steps", "probes", "grid", "startup", "memory", "gpu", "subnormals", "profile",
          "cpu-gelu", "cpu-attention", "cpu-mlp", "kernels")
 OPT_IN = ("subnormals", "probes", "kernels", "cpu-gelu", "cpu-attention", "cpu-mlp")  # only when asked for
-WHOLE_NUMBERS = ("repeats", "layers", "threads", "probe_every", "grid_steps", "workers", "subnormal_steps")
+# Each whole-number option's ceiling (its floor is 1; --steps' is SKIP + 3), far past any measurement:
+# a larger value is a typo, refused before anything is built.
+CEILINGS = {"steps": 100_000, "repeats": 1_000, "layers": 256, "threads": 1_024, "probe_every": 100_000,
+            "grid_steps": 100_000, "workers": 1_024, "subnormal_steps": 100_000}
+MAX_SHAPE_ELEMENTS = 1 << 28  # --shape: a tensor of 1 GiB of floats at most
+_DIMENSION = re.compile(r"[0-9]{1,10}")  # ASCII digits: str.isdigit() also takes '²', which int() refuses
 
 
 def add_arguments(p) -> None:
@@ -36,15 +44,19 @@ def _checked(args) -> tuple[list[str], list[str], tuple[int, ...] | None]:
     import torch
 
     from ablate.bench.steps import SKIP
+    from ablate.counts import shown
     from ablate.errors import ConfigError
     from ablate.sizes import get_size
 
     if args.steps < SKIP + 3:
         raise ConfigError(f"--steps {args.steps}: need at least {SKIP + 3} (the first {SKIP} steps of a run are "
                           "not timed)")
-    for name in WHOLE_NUMBERS:
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} {getattr(args, name)}: need a whole number of at least 1")
+    for name, ceiling in CEILINGS.items():
+        value = getattr(args, name)
+        floor = SKIP + 3 if name == "steps" else 1
+        if value is not None and not floor <= value <= ceiling:
+            raise ConfigError(f"--{name.replace('_', '-')} {shown(value, quote=False)}: need a whole number in "
+                              f"{floor}..{ceiling}")
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     if not models:
         raise ConfigError(f"--models {args.models!r}: need at least one size, e.g. tiny,small")
@@ -59,8 +71,12 @@ def _checked(args) -> tuple[list[str], list[str], tuple[int, ...] | None]:
     if args.shape is None:
         return parts, models, None
     dims = args.shape.split(",")
-    if not all(d.strip().isdigit() and int(d) > 0 for d in dims):
-        raise ConfigError(f"--shape {args.shape!r}: valid: positive integers separated by commas, e.g. 16,64,256")
+    if not all(_DIMENSION.fullmatch(d.strip()) and int(d) > 0 for d in dims) or len(dims) > 8:
+        raise ConfigError(f"--shape {shown(args.shape)}: valid: up to 8 positive integers separated by commas, e.g. "
+                          "16,64,256")
+    if math.prod(int(d) for d in dims) > MAX_SHAPE_ELEMENTS:
+        raise ConfigError(f"--shape {args.shape}: {math.prod(int(d) for d in dims):,} elements; valid: at most "
+                          f"{MAX_SHAPE_ELEMENTS:,} (a tensor of 1 GiB of floats)")
     if "cpu-attention" in parts and len(dims) != 4:
         raise ConfigError(f"--shape {args.shape}: cpu-attention takes 4 dimensions; valid: batch,heads,context,head "
                           "dimension, e.g. 16,4,64,16")

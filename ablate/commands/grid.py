@@ -34,16 +34,26 @@ def add_arguments(p) -> None:
     add_execution_arguments(p)
 
 
+# The ceilings of the execution counts, far past any machine or cluster (a larger value is a typo,
+# refused as the arguments are parsed); their lower bounds are GridRunOptions'.
+MAX_WORKERS, MAX_CELLS_PER_GPU, MAX_RETRIES, MAX_CPUS_PER_CELL, MAX_GPUS = 1024, 64, 100, 1024, 64
+MAX_TIME_MIN, MAX_ARRAY_PARALLELISM = 30 * 24 * 60, 100_000  # 30 days a task
+
+
 def add_execution_arguments(p) -> None:
     """The flags of GridRunOptions (ablate.grid.runner), one per field: where and how cells run."""
+    from ablate.counts import amount, count
+
     p.add_argument("--backend", choices=BACKENDS, default="local", help="where cells run (default local)")
-    p.add_argument("--workers", type=int, metavar="N",
+    p.add_argument("--workers", type=count(0, MAX_WORKERS), metavar="N",
                    help="local: cells at once, each in its own process (default: one per GPU x --cells-per-gpu, "
                         "else 1); 0 = in this process")
-    p.add_argument("--cells-per-gpu", type=int, default=1, metavar="N", help="local: workers sharing one GPU (default 1)")
-    p.add_argument("--cpus-per-cell", type=float, metavar="N",
+    p.add_argument("--cells-per-gpu", type=count(1, MAX_CELLS_PER_GPU), default=1, metavar="N",
+                   help="local: workers sharing one GPU (default 1)")
+    p.add_argument("--cpus-per-cell", type=amount(0, MAX_CPUS_PER_CELL), metavar="N",
                    help="ray/slurm: CPUs reserved per cell, also its torch threads (ray default 1)")
-    p.add_argument("--retries", type=int, default=1, metavar="N", help="retries of a failing cell before it is recorded failed (default 1)")
+    p.add_argument("--retries", type=count(0, MAX_RETRIES), default=1, metavar="N",
+                   help="retries of a failing cell before it is recorded failed (default 1)")
     from ablate.pack import STACK_DEFAULT
 
     p.add_argument("--stack", default=STACK_DEFAULT, metavar="K",
@@ -53,14 +63,17 @@ def add_execution_arguments(p) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars; still a line per cell and a summary")
     ray = p.add_argument_group("ray backend")
     ray.add_argument("--address", help="Ray cluster address (auto = the running cluster; default: start a local Ray)")
-    ray.add_argument("--gpus-per-cell", type=float, metavar="F",
+    ray.add_argument("--gpus-per-cell", type=amount(0, MAX_GPUS), metavar="F",
                      help="GPUs per cell, a fraction packs small cells (default 1 when the cluster has GPUs, else 0)")
     slurm = p.add_argument_group("slurm backend (submitit)")
     slurm.add_argument("--partition", help="SLURM partition")
-    slurm.add_argument("--time", type=int, default=60, metavar="MIN", help="time limit per array task in minutes (default 60)")
-    slurm.add_argument("--gpus-per-job", type=int, metavar="N", help="GPUs per array task (default 0 at --scale cpu, else 1)")
+    slurm.add_argument("--time", type=count(1, MAX_TIME_MIN), default=60, metavar="MIN",
+                       help="time limit per array task in minutes (default 60)")
+    slurm.add_argument("--gpus-per-job", type=count(0, MAX_GPUS), metavar="N",
+                       help="GPUs per array task (default 0 at --scale cpu, else 1)")
     slurm.add_argument("--slurm-folder", type=Path, help="submitit's logs and pickles (default OUT/.submitit)")
-    slurm.add_argument("--array-parallelism", type=int, metavar="N", help="array tasks running at once (SLURM's %%N)")
+    slurm.add_argument("--array-parallelism", type=count(1, MAX_ARRAY_PARALLELISM), metavar="N",
+                       help="array tasks running at once (SLURM's %%N)")
     slurm.add_argument("--slurm-cluster", choices=("slurm", "local", "debug"), default="slurm",
                        help="submitit executor: slurm (default), or local processes / in-process for testing")
     slurm.add_argument("--no-wait", action="store_true", help="submit and exit; rerun later to follow up")

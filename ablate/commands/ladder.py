@@ -19,22 +19,25 @@ from ablate.rundir import SUMMARY
 
 DEFAULT_ROOT = Path("runs") / "ladders"
 GRIDS_DIR = "grids"
+MAX_RUNGS = 16  # --widths: rungs of one ladder (each is a grid of its own); more is a typo
 
 
 def add_arguments(p) -> None:
+    from ablate.claim.design import MAX_SEEDS
     from ablate.commands.grid import add_execution_arguments
 
     p.add_argument("names", nargs="+", metavar="CLAIM|GRID",
                    help="claims (see `ablate reproduce --list`), `all`, or one grid file with two arms")
     p.add_argument("--widths", default=",".join(str(w) for w in _cpu_widths()),
-                   help="the rungs' widths (d_model) on the CPU, at least 3 (default %(default)s)")
+                   help=f"the rungs' widths (d_model) on the CPU, 3 to {MAX_RUNGS} (default %(default)s)")
     p.add_argument("--full", action="store_true",
                    help="GPU-sized: the grid's [scales.gpu] at widths 192 and 384 (medium) and ANDREA-120M")
     p.add_argument("--backtest", action="store_true",
                    help="also train a held-out rung at twice the widest width, after freezing the plan and the "
                         "predictions the fitted rungs make for it, and score them (backtest.md)")
-    p.add_argument("--seeds", metavar="N", help="every rung at N seeds (the grid's own, then the next ones) instead "
-                                                 "of the grid's own, so each rung's verdicts can decide")
+    p.add_argument("--seeds", metavar="N", help="every rung at N seeds (the grid's own, then the next ones; at most "
+                                                 f"{MAX_SEEDS:,}) instead of the grid's own, so each rung's verdicts "
+                                                 "can decide")
     p.add_argument("--dry-run", action="store_true", help="print the rungs, their rates, cells and estimated time; "
                                                          "train and write nothing")
     p.add_argument("--out", type=Path, help="output root (default runs/ladders; a claim's ladder in NAME[-full]/)")
@@ -361,6 +364,8 @@ def run(args) -> int:
     if n_seeds is not None:
         check_seeds_override(overrides, f"--seeds {n_seeds}")
     widths = parse_widths(args.widths)
+    if len(widths) > MAX_RUNGS:
+        raise ConfigError(f"--widths: {len(widths)} widths; valid: 3 to {MAX_RUNGS} rungs, e.g. 16,32,64")
     held_out = _held_out_width(widths, args.full) if args.backtest else None
     scale = "gpu" if args.full else "cpu"
     root = args.out or DEFAULT_ROOT

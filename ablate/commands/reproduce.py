@@ -366,7 +366,10 @@ def _reproduce(claim, cells: Path, req: Request, grid):
     out.mkdir(parents=True, exist_ok=True)
     from ablate.claim.design import own_seeds
 
-    report, verdict = write_claim_report(claim, out, cells=cells if out != cells else None, seeds=own_seeds(grid))
+    from ablate.claim.design import DECIDE_DIR  # a --decide judged these seeds: the verdict says what this does
+
+    report, verdict = write_claim_report(claim, out, cells=cells if out != cells else None, seeds=own_seeds(grid),
+                                         decided_before=(cells / DECIDE_DIR / "verdict.json").is_file())
     print(f"{claim.name}: {verdict.text()} ({time.time() - t0:.0f} s); report: {report}", flush=True)
     for i, clause in enumerate(verdict.clauses):
         print(f"  {clause_line(i, clause)}", flush=True)

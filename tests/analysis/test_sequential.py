@@ -454,3 +454,75 @@ def test_the_stated_power_is_what_the_decide_loop_achieves():
     se = math.sqrt(power(1.0, ALPHA) * (1 - power(1.0, ALPHA)) / FAMILY_SEQUENCES)
     assert abs(agrees - power(1.0, ALPHA)) <= 3 * se
     assert power(1.5, ALPHA) > power(1.0, ALPHA) > power(1.0, ALPHA / 4) > power(0.5, ALPHA)
+
+
+# ------------------------------------------------------------ more seeds after a plan's looks
+
+
+def _crossing_rate(looks, cs, rng, n=40000):
+    """Share of null sequences (mean-0 normal seeds; z = the seeds' standardised sum) crossing
+    any boundary: the Brownian motion the boundaries are solved for, vectorised."""
+    increments = rng.normal(0.0, 1.0, (n, looks[-1])).cumsum(1)
+    z = np.stack([increments[:, k - 1] / math.sqrt(k) for k in looks], 1)
+    return float((z >= np.asarray(cs)[None, :]).any(1).mean()), n
+
+
+def test_a_continuation_keeps_the_past_looks_boundaries_and_the_error_rate():
+    from ablate.analysis.sequential import continued
+
+    rng = np.random.default_rng(40)
+    # read at looks 3 and 6 of the plan (3, 6, 12), continued to (3, 6, 12, 24)
+    cs = continued((3, 6, 12), 2, (3, 6, 12, 24), ALPHA)
+    assert cs[:2] == boundaries((3, 6, 12), ALPHA)[:2]  # the looks already read keep their boundaries
+    rate, n = _crossing_rate((3, 6, 12, 24), cs, rng)
+    assert rate <= ceiling(n=n) and rate >= ALPHA - 2 * math.sqrt(ALPHA * (1 - ALPHA) / n)
+    # a plan finished has spent all of alpha: the looks it adds cannot decide
+    done = continued((3, 6, 12), 3, (3, 6, 12, 24), ALPHA)
+    assert done[:3] == boundaries((3, 6, 12), ALPHA) and math.isinf(done[3])
+    # restarting a fresh plan over seeds already judged is the leak a continuation avoids
+    naive = (*boundaries((3, 6, 12), ALPHA), boundaries((3, 6, 12, 24), ALPHA)[3])
+    assert _crossing_rate((3, 6, 12, 24), naive, rng)[0] > ceiling(n=n)
+
+
+def test_a_fixed_design_over_a_decided_folder_states_its_error_rate():
+    from ablate.analysis.sequential import fixed_after_decide
+
+    rng = np.random.default_rng(41)
+    from scipy import stats
+
+    z_alpha = float(stats.norm.isf(ALPHA))
+    for seeds in (24, 48):
+        stated = fixed_after_decide(seeds, ALPHA)
+        rate, n = _crossing_rate((3, 6, 12, seeds), (*boundaries((3, 6, 12), ALPHA), z_alpha), rng)
+        assert abs(rate - stated) <= 3 * math.sqrt(stated * (1 - stated) / n)
+        assert stated > ceiling(n=n)
+    assert fixed_after_decide(12, ALPHA) == ALPHA  # within the plan's seeds: no new seed to cross
+
+
+def test_the_quick_run_spends_no_alpha_so_decide_may_read_its_seeds_as_look_one(tmp_path):
+    # The README's path: the quick run (the grid's 3 seeds, a fixed test at 0.025), then --decide,
+    # whose look 1 is the same 3 seeds. The sign test's smallest p at 3 seeds is 1/8: the quick
+    # run cannot say "agrees" (nor "does not agree"), so it spends nothing and look 1 is fresh.
+    from ablate.analysis.verdict import evaluate
+
+    claim = parse_claim(CLAIM)
+    for s in range(3):  # every seed as far the claimed way as it goes
+        _failure_seed(tmp_path, s, True, False)
+    quick = evaluate(claim, tmp_path)
+    assert [c.outcome for c in quick.clauses] == [CANNOT_TELL, CANNOT_TELL]
+    assert all("cannot decide with 3 seeds; needs at least 6" in c.why for c in quick.clauses)
+    assert decide_claim(claim, tmp_path).clauses[0].looks[0].seeds == (0, 1, 2)
+
+
+def test_the_fixed_design_words_an_effect_smaller_than_claimed(tmp_path):
+    from ablate.analysis.claim_report import clause_line
+    from ablate.analysis.verdict import evaluate
+
+    claim = parse_claim({**CLAIM, "clause": CLAIM["clause"][1:]})  # "post's loss is higher", effect 0.05
+    for s in range(8):  # post 0.01 nats above pre in every seed: the claimed way, far short of 0.05
+        write_run(tmp_path, POST, s, losses=[4.0, 3.0], val_loss=2.51 + 0.001 * s, unigram_entropy=3.4)
+        write_run(tmp_path, PRE, s, losses=[4.0, 3.0], val_loss=2.5, unigram_entropy=3.4)
+    verdict = evaluate(claim, tmp_path)
+    c = verdict.clauses[0]
+    assert c.outcome == DISAGREES and c.shown
+    assert "agrees in direction, smaller than claimed: shown beyond 0 the claimed way" in clause_line(0, c)

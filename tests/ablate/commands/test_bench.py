@@ -241,7 +241,13 @@ def test_a_cpu_profile_drops_kinetos_usdt_lines_and_passes_on_the_rest_of_stderr
 
 @pytest.mark.parametrize("argv, message", [
     (["--steps", "1"], "--steps 1: need at least 8"),
-    (["--repeats", "0"], "--repeats 0: need a whole number of at least 1"),
+    (["--repeats", "0"], "--repeats 0: need a whole number in 1..1000"),
+    (["--repeats", "1001"], "--repeats 1001: need a whole number in 1..1000"),  # a ceiling on every count
+    (["--steps", "9" * 401], "(401 characters): need a whole number in 8..100000"),
+    (["--workers", "1025"], "--workers 1025: need a whole number in 1..1024"),
+    (["--only", "cpu-gelu", "--shape", "2,\u00b2,2"], "--shape '2,\u00b2,2': valid: up to 8 positive integers"),  # E11
+    (["--only", "cpu-gelu", "--shape", "65536,65536,2"], "--shape 65536,65536,2: 8,589,934,592 elements; valid: at "
+                                                         "most 268,435,456"),
     (["--layers", "0"], "--layers 0: need"),
     (["--threads", "0"], "--threads 0: need"),
     (["--grid-steps", "0"], "--grid-steps 0: need"),

@@ -172,6 +172,20 @@ def test_widths_that_are_not_numbers_are_one_line(capsys, tmp_path):
     assert "--widths" in refused_writing_nothing(capsys, tmp_path, "swiglu", "--widths", "32,x,64")
 
 
+def test_a_count_past_its_ceiling_is_one_line_before_anything_is_built(capsys, tmp_path):
+    # E1: --seeds of 401 digits built its list of seeds (4.4 GB) before any check
+    line = refused_writing_nothing(capsys, tmp_path, "swiglu", "--seeds", "9" * 401)
+    assert "(401 characters) is not a number of seeds; valid: a whole number in 2..10000" in line
+    widths = ",".join(str(16 * k) for k in range(1, 18))
+    assert "--widths: 17 widths; valid: 3 to 16 rungs" in refused_writing_nothing(capsys, tmp_path, "swiglu",
+                                                                                   "--widths", widths)
+    with pytest.raises(SystemExit) as parsed:  # refused by the parser: no grid is read
+        main(["ladder", "swiglu", "--workers", "1025", "--out", str(tmp_path / "ladders"), "--dry-run"])
+    err = capsys.readouterr().err
+    assert parsed.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "argument --workers: '1025' is not a count of 0..1024; valid: a whole number in 0..1024" in err
+
+
 @pytest.mark.parametrize("widths", ["16,32,2147483648", "100000,200000,300000", "16,32,20000", "16,32,12800"])
 def test_widths_past_the_parameter_ceiling_are_one_line_before_anything_is_built(capsys, tmp_path, grid_file, widths):
     out = tmp_path / "ladders"
@@ -462,7 +476,7 @@ def test_seeds_put_every_rung_at_n_seeds_and_enter_the_frozen_plan(tmp_path):
 
 
 def test_a_bad_seed_count_or_a_seed_override_is_one_line(capsys, tmp_path):
-    assert "at least 2" in refused_writing_nothing(capsys, tmp_path, "swiglu", "--seeds", "1")
+    assert "valid: a whole number in 2..10000" in refused_writing_nothing(capsys, tmp_path, "swiglu", "--seeds", "1")
     assert "contradict" in refused_writing_nothing(capsys, tmp_path, "swiglu", "--seeds", "6", "--set", "seed=3")
 
 
