@@ -32,6 +32,7 @@ from torch.func import functional_call, vmap
 from ablate import fpmode
 from ablate.lr import lr_at
 from ablate.model import build_model
+from ablate.pack_graphs import CAPTURE_ON_CUDA, CapturedSteps, syncs_flagged
 from ablate.pack_optim import STACKED_OPTIMIZERS, FlatParams, PackRefused, StackedAdamW, member_state_dict
 from ablate.probes import PROBE_SEQUENCES, Probes, Stability, measured
 from ablate.rundir import CHECKPOINT, COMPLETED, DIVERGED, METRICS, finite_or_none
@@ -85,7 +86,13 @@ def train_pack(cells: list, plans: list) -> list[dict]:
         with contextlib.ExitStack() as stack:
             for key, (kernel, _) in CPU_KERNELS.items():
                 stack.enter_context(kernel.using(forms[0][key]))
-            return PackRun(cells, plans, forms[0]).train()
+            members = [build_member(c, p, forms[0]) for c, p in zip(cells, plans)]
+            by_start: dict[int, list[Member]] = {}
+            for m in members:  # a kill between two members' checkpoints leaves them a step apart
+                by_start.setdefault(m.state.start, []).append(m)
+            for group in by_start.values():
+                PackRun(group).train()
+            return [m.summary for m in members]
     finally:
         torch.set_num_threads(outer_threads)
         fpmode.set_flush_denormal(outer_flush)
@@ -119,14 +126,21 @@ class StepRecord:
     dt: float = 0.0  # the host's time for it
 
 
+def build_member(cell, plan, forms) -> Member:
+    """A member built and resumed exactly as its lone run (ablate.train.build_run, resume_run)."""
+    model, opt = build_run(cell, plan, forms)
+    state = resume_run(plan, model, opt)
+    return Member(cell, plan, model, opt, state, torch.get_rng_state())
+
+
 class PackRun:
-    def __init__(self, cells: list, plans: list, forms: dict):
-        self.cfg, self.device, self.amp = plans[0].cfg, plans[0].device, plans[0].amp
-        self.members = [self._member(c, p, forms) for c, p in zip(cells, plans)]
-        starts = {m.state.start for m in self.members}
-        if len(starts) > 1:
-            raise PackRefused(f"members resuming at different steps ({sorted(starts)})")
-        self.start = starts.pop()
+    """Members at one step, trained as one model to their end."""
+
+    def __init__(self, members: list[Member]):
+        plan = members[0].plan
+        self.cfg, self.device, self.amp = plan.cfg, plan.device, plan.amp
+        self.members = members
+        self.start = members[0].state.start
         models = [m.model for m in self.members]
         self.flat = FlatParams(models, [m.opt for m in self.members], self.device)
         self.opt = StackedAdamW(self.flat, [m.opt for m in self.members], self.device)
@@ -134,7 +148,7 @@ class PackRun:
                         for n, _ in models[0].named_buffers()}
         for k, m in enumerate(self.members):
             self.flat.rebind(m.model, k)
-        cfg, plan = self.cfg, plans[0]
+        cfg = self.cfg
         self.skeleton = build_model(cfg.spec, plan.size, plan.ops, "meta", init=cfg.init_name)
         self._probe_layout(models[0])
         K = len(self.members)
@@ -144,13 +158,10 @@ class PackRun:
         self.diverged_at = torch.full((K,), -1, dtype=torch.int64, device=self.device)
         self.lr_table = torch.tensor([[lr_at(s, m.plan.cfg) for m in self.members] for s in range(self.start, cfg.steps)],
                                      dtype=torch.float32, device=self.device).view(-1, K)
-
-    @staticmethod
-    def _member(cell, plan, forms) -> Member:
-        """Member built exactly as its lone run builds it (ablate.train._build, _resume)."""
-        model, opt = build_run(cell, plan, forms)
-        state = resume_run(plan, model, opt)
-        return Member(cell, plan, model, opt, state, torch.get_rng_state())
+        self.lr_now = torch.zeros(K, device=self.device)
+        self.step_index = torch.zeros((), dtype=torch.int64, device=self.device)
+        self.capturing = False
+        self.graphs = CapturedSteps(self) if self.device.type == "cuda" and CAPTURE_ON_CUDA else None
 
     def _probe_layout(self, model) -> None:
         """The lone Probes' layout (parameter order, buckets, block weights) for the flat tensor."""
@@ -186,16 +197,28 @@ class PackRun:
         return member
 
     def step(self, step: int, x: torch.Tensor, y: torch.Tensor) -> StepRecord:
-        """One optimizer step of every member on its batch x[k], y[k] (K, B, T)."""
+        """One optimizer step of every member on its batch x[k], y[k] (K, B, T): captured and
+        replayed on CUDA where ablate.pack_graphs can (a probing step runs eagerly)."""
+        logged = self.probes is not None and step % self.cfg.log_every == 0
+        probing = logged and step % self.cfg.probe_every == 0
+        with syncs_flagged(self.device):
+            self.step_index.fill_(step)  # the step's values on the device: the body reads only these
+            self.lr_now.copy_(self.lr_table[step - self.start])
+            if self.graphs is not None and not probing:
+                return self.graphs.replay_step(step, logged, x, y)
+            return self.body(step, logged, probing, x, y)
+
+    def body(self, step: int, logged: bool, probing: bool, x: torch.Tensor, y: torch.Tensor) -> StepRecord:
+        """The step's work, all on the device: forward, backward, divergence, probes, clipping,
+        the optimizer. Reads the step and its rates from step_index and lr_now (CUDA graphs replay it)."""
         cfg = self.cfg
-        logged = self.probes is not None and step % cfg.log_every == 0
-        probing = logged and step % cfg.probe_every == 0
-        with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
+        with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None,
+                            cache_enabled=not self.capturing):  # a cast cached in a capture would go stale
             loss, objective, acts, logits = vmap(self._forward_fn(logged, probing))(
                 self.flat.views(), self.buffers, x, y)
         objective.sum().backward()  # d sum / d member k = member k's own gradient
         grad = self.flat.flat.grad
-        self._check_divergence(step, loss.detach())
+        self._check_divergence(loss.detach())
         norms_sq = self.flat.param_norms_sq(grad) if logged or cfg.grad_clip > 0 else None
         rec = StepRecord(step, loss.detach().float())
         parts = [self._logged_parts(norms_sq, acts, x[0].numel())] if logged else []
@@ -205,7 +228,7 @@ class PackRun:
         if cfg.grad_clip > 0:
             total = norms_sq.sum(1).sqrt()  # as torch's clip_grad_norm_, per member
             grad.mul_((cfg.grad_clip / (total + 1e-6)).clamp(max=1.0).view(-1, 1))
-        self.opt.step(grad, self.lr_table[step - self.start], self.active)
+        self.opt.step(grad, self.lr_now, self.active)
         self.flat.flat.grad = None
         if logged:
             rec.names = list(self.probes.names)
@@ -216,13 +239,14 @@ class PackRun:
             rec.parts = torch.cat(parts, dim=1)
         return rec
 
-    def _check_divergence(self, step: int, loss: torch.Tensor) -> None:
-        """On the device, as the lone loop decides it on the host (in float64 there too)."""
+    def _check_divergence(self, loss: torch.Tensor) -> None:
+        """On the device, as the lone loop decides it on the host (in float64 there too); in
+        place, so a captured step updates the same tensors."""
         loss = loss.double()
-        self.first = torch.where(self.first.isnan(), loss, self.first)
+        self.first.copy_(torch.where(self.first.isnan(), loss, self.first))
         now = self.active & (~loss.isfinite() | (loss > self.cfg.diverge_factor * self.first))
-        self.diverged_at = torch.where(now, step, self.diverged_at)
-        self.active = self.active & ~now
+        self.diverged_at.copy_(torch.where(now, self.step_index, self.diverged_at))
+        self.active &= ~now
 
     def _logged_parts(self, norms_sq: torch.Tensor, acts: torch.Tensor, tokens: int) -> torch.Tensor:
         """(K, M) the `logged` probes of every member, as ablate.probes.Probes computes them."""
