@@ -6,7 +6,9 @@ held-out rung trains: the claim and grid files' sha256, the code (its git commit
 one, the package version and a sha256 over the analysis sources), the rate-transfer rule, the
 held-out rung's grid file, and every clause's prediction. A run under another plan (any of these
 changed, the commit aside: it is recorded for the reader, the sources' hash is what decides) is
-refused, before anything trains and again when scoring.
+refused, before anything trains and again when scoring. The plan carries a sha256 over all it
+holds (PLAN_DIGEST), so a plan edited after freezing (a forecast moved toward what the held-out
+rung measured) is refused too: the digest is no signature, but an edit must be deliberate.
 
 The statistics, with the seed as the unit:
 
@@ -64,6 +66,7 @@ RATE_TRANSFER = ("every learning rate x (grid width / rung width); a rung's swee
                  "arm's best rate that sat at an end of the rung below's sweep (ablate/ladder_rungs.py)")
 # The identity's part recorded for the reader and not compared: the sources' hash decides.
 NOT_COMPARED = ("commit",)
+PLAN_DIGEST = "plan_sha256"  # over everything else in the plan: forecasts, fitted rows, identity
 
 
 # ------------------------------------------------------------------------------ the plan
@@ -71,6 +74,21 @@ NOT_COMPARED = ("commit",)
 
 def sha256_file(path) -> str | None:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path and Path(path).is_file() else None
+
+
+def plan_digest(plan: dict) -> str:
+    """The sha256 of everything the plan holds but its digest, in one canonical JSON text."""
+    body = {k: v for k, v in plan.items() if k != PLAN_DIGEST}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _check_sealed(plan: dict, path: Path) -> None:
+    """Refuse a plan whose content is not what was frozen (one line)."""
+    stored = plan.get(PLAN_DIGEST)
+    if stored != plan_digest(plan):
+        what = "has no " + PLAN_DIGEST if stored is None else f"does not match its {PLAN_DIGEST} {_short(stored)}"
+        raise BacktestError(f"{path}: the frozen plan {what}: its forecasts, fitted rungs or identity were edited "
+                            "after freezing; valid: the plan as `ablate ladder --backtest` froze it, or another --out")
 
 
 def _differences(old: dict, new: dict) -> list[str]:
@@ -106,6 +124,7 @@ def check_plan(out: Path, identity: dict, held_out_started: bool) -> None:
         what = ", ".join(f"{k} {_short(plan.get(k))} -> {_short(identity.get(k))}" for k in changed)
         raise BacktestError(f"{Path(out) / PLAN_JSON}: the held-out rung {plan.get('held_out')} was planned under "
                           f"another plan ({what}); valid: the plan's files and code, or another --out")
+    _check_sealed(plan, Path(out) / PLAN_JSON)
 
 
 def _short(value) -> str:
@@ -120,6 +139,7 @@ def freeze_plan(claim, out: Path, identity: dict, held_out: dict, ladder: dict) 
     path = Path(out) / PLAN_JSON
     plan = load_plan(out)
     if plan is not None:
+        _check_sealed(plan, path)
         if plan.get("held_out_grid_sha256") != held_out["grid_sha256"]:
             raise BacktestError(f"{path}: the held-out rung's grid differs from the one frozen in the plan (its rates "
                               f"{plan.get('held_out_rates')} -> {held_out['rates']}); valid: another --out")
@@ -133,6 +153,7 @@ def freeze_plan(claim, out: Path, identity: dict, held_out: dict, ladder: dict) 
                 else {"note": "counted, not predicted"}} for c in rows]
     plan = {**identity, "held_out_grid_sha256": held_out["grid_sha256"], "held_out_rates": held_out["rates"],
             "held_out_size": held_out["size"], "clauses": clauses}
+    plan[PLAN_DIGEST] = plan_digest(plan)
     replace_atomic(path, lambda f: f.write((json.dumps(plan, indent=2) + "\n").encode()))
     return plan
 

@@ -168,8 +168,12 @@ def _identity(**changes):
     return {**base, **changes}
 
 
+def _sealed(plan: dict) -> dict:
+    return {**plan, B.PLAN_DIGEST: B.plan_digest(plan)}
+
+
 def test_a_held_out_rung_planned_under_another_plan_is_refused(tmp_path):
-    (tmp_path / B.PLAN_JSON).write_text(json.dumps({**_identity(), "clauses": []}))
+    (tmp_path / B.PLAN_JSON).write_text(json.dumps(_sealed({**_identity(), "clauses": []})))
     B.check_plan(tmp_path, _identity(commit="def"), True)  # another commit, the same sources: the same plan
     for key, value in (("grid_sha256", "d" * 64), ("analysis_sha256", "e" * 64), ("fitted_widths", [32, 64, 96])):
         with pytest.raises(B.BacktestError, match=f"another plan \\({key}"):
@@ -254,6 +258,31 @@ def test_a_plan_frozen_from_the_fitted_rungs_scores_the_held_out_one(tmp_path):
         B.score_ladder(claim, tmp_path, identity)
     with pytest.raises(B.BacktestError, match="another plan \\(analysis_sha256"):
         B.score_ladder(claim, tmp_path, {**identity, "analysis_sha256": "f" * 64})
+
+
+@pytest.mark.parametrize("edit", ["a forecast moved", "a fitted row changed", "no digest", "a clause dropped"])
+def test_a_plan_edited_after_freezing_is_refused_in_one_line(tmp_path, edit):
+    claim, identity, ladder, rungs = _synthetic_ladder(tmp_path)
+    (tmp_path / "ladder.json").write_text(json.dumps({**ladder, "rungs": rungs[:3]}))
+    held = {"grid_sha256": B.sha256_file(tmp_path / "grids" / "w128.toml"), "size": HELD_OUT, "rates": {}, "seeds": 3}
+    plan = B.freeze_plan(claim, tmp_path, identity, held, json.loads((tmp_path / "ladder.json").read_text()))
+    B.check_plan(tmp_path, identity, True)  # as frozen: accepted
+    edited = json.loads(json.dumps(plan))
+    if edit == "a forecast moved":
+        edited["clauses"][0]["forecasts"]["trend"]["location"] = -0.15  # toward what w128 measures
+    elif edit == "a fitted row changed":
+        edited["clauses"][0]["fitted"][0]["effect"] = 0.0
+    elif edit == "no digest":
+        del edited[B.PLAN_DIGEST]
+    else:
+        edited["clauses"] = []
+    (tmp_path / B.PLAN_JSON).write_text(json.dumps(edited, indent=2))
+    (tmp_path / "ladder.json").write_text(json.dumps({**ladder, "rungs": rungs}))
+    for attempt in (lambda: B.check_plan(tmp_path, identity, True), lambda: B.score_ladder(claim, tmp_path, identity),
+                    lambda: B.freeze_plan(claim, tmp_path, identity, held, {**ladder, "rungs": rungs[:3]})):
+        with pytest.raises(B.BacktestError, match="edited after freezing") as e:
+            attempt()
+        assert "\n" not in str(e.value) and B.PLAN_JSON in str(e.value)
 
 
 MINI = """
