@@ -113,16 +113,20 @@ class CpuKernel:
         self._copy_of: dict[str, Copy | None] = {}
         self._functions: tuple[list, dict] = (self._lib, {})
 
+    @staticmethod
+    def _folder() -> Path:
+        from ablate.data import cache_root
+
+        return cache_root() / "kernels"
+
     def _target(self, cc: str) -> Path:
         """The library's path: named by the hash of the sources, the flags and the compiler's
         version (another compiler builds anew)."""
-        from ablate.data import cache_root
-
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
         names = sorted({c.source for c in self.copies} | set(self.headers))
         sources = "".join((SOURCES / name).read_text() for name in names)
         key = hashlib.sha256((sources + repr(self.copies) + version).encode()).hexdigest()[:16]
-        return cache_root() / "kernels" / f"{self.name}-{key}.so"
+        return self._folder() / f"{self.name}-{key}.so"
 
     def _compile(self, cc: str, target: Path) -> None:
         """Compile every copy into one shared library and publish it at `target` with its build
@@ -178,6 +182,8 @@ class CpuKernel:
                 self._lib.append((None, "needs Linux on x86-64"))
             elif cc is None:
                 self._lib.append((None, "no C compiler (CC, cc or gcc)"))
+            elif shared := cpu_cache.not_private(self._folder()):
+                self._lib.append((None, shared))
             else:
                 try:
                     lib = self._load(cc)

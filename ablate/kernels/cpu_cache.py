@@ -9,6 +9,11 @@ loaded from the very file that was checked (/proc/self/fd), so no one can swap i
 Anything else is built again (ablate/kernels/cpu_build.py). Builds hold one lock on the
 folder, so two processes never build at once, and whoever takes it removes what a build
 killed mid-compile left (its tmp* folder).
+
+A build record is a checksum, not an authentication: whoever can write the folder can plant a
+library with a record that matches it. So the cache must be private to its user, and a
+kernels folder (or the cache folder above it) that another user can write is not used at all
+(not_private): the kernels' torch forms are computed instead, with one line saying why.
 """
 from __future__ import annotations
 
@@ -158,3 +163,24 @@ def _remove_stale_builds(folder: Path) -> None:
                 entry.unlink()
         except OSError:  # another cleaner got there first, or it cannot be removed: not ours to fail on
             continue
+
+
+def not_private(folder: Path) -> str | None:
+    """Why a library in `folder` may be another user's (None: only this user, or root, can
+    write it or the cache folder it is in): a folder writable by all, by a group other than
+    this user's own, or owned by another user."""
+    for path in (folder, folder.parent):
+        try:
+            info = path.stat()
+        except OSError:  # not made yet (a first build makes it, this user's own), or not ours to judge
+            continue
+        mode = stat.S_IMODE(info.st_mode)
+        if info.st_uid not in (os.geteuid(), 0):
+            shared = f"is owned by another user (uid {info.st_uid})"
+        elif mode & stat.S_IWOTH or (mode & stat.S_IWGRP and info.st_gid != os.getegid()):
+            shared = f"is writable by other users (mode {mode:o})"
+        else:
+            continue
+        return (f"{path} {shared}, so a library planted there would run: the kernel cache must be private "
+                f"(valid: chmod go-w {path}, or another ABLATE_CACHE)")
+    return None

@@ -320,6 +320,31 @@ def test_kernels_cpu_trains_on_a_library_built_right(cache, tmp_path):
     assert forms(tmp_path / "run") == tuple(BEST.split())
 
 
+@pytest.mark.skipif(not builds_here(), reason="the C kernels build on Linux x86-64 only")
+@pytest.mark.parametrize("shared", ["kernels folder", "cache folder"])
+def test_a_cache_others_can_write_is_not_loaded_from_and_a_run_says_so_in_one_line(shared, tmp_path, monkeypatch,
+                                                                                     capsys):
+    """A build record is a checksum, not an authentication: a folder another user can write
+    could hold a planted library with a matching record, so nothing there is loaded or built."""
+    from ablate.kernels.cpu_build import CpuKernel, say_fallbacks
+
+    cache = tmp_path / "cache"
+    (cache / "kernels").mkdir(parents=True)
+    monkeypatch.setenv("ABLATE_CACHE", str(cache))
+    kernel = CpuKernel("gelu_tanh", cpu_gelu.KERNEL.forms, cpu_gelu.KERNEL.fallback, cpu_gelu.KERNEL.symbols,
+                       cpu_gelu.KERNEL.headers)
+    monkeypatch.setattr(kernel, "_load", lambda cc: pytest.fail("loaded from a folder others can write"))
+    monkeypatch.setenv("CC", "/bin/true")
+    folder = cache / "kernels" if shared == "kernels folder" else cache
+    assert cpu_cache.not_private(cache / "kernels") is None
+    folder.chmod(0o777)
+    lib, why = kernel.library()
+    assert lib is None and f"{folder} is writable by other users (mode 777)" in why and "chmod go-w" in why
+    if builds_here():
+        say_fallbacks({"gelu_cpu": (kernel, "GELU")}, {"gelu_cpu": kernel.fallback})
+        assert "must be private" in one_line(capsys.readouterr().err)
+
+
 # ------------------------------------------------------- cells on mixed forms say so
 
 
