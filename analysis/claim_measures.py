@@ -32,7 +32,8 @@ import numpy as np
 import pandas as pd
 
 from ablate.analysis.load import Runs, layer_columns
-from ablate.analysis.outcomes import DIVERGED, FAILED, FAILED_TRAINING, SCORING_RULE
+from ablate.analysis.outcomes import (DEAD, DEAD_RULE, DIVERGED, FAILED, FAILED_TRAINING, GRAD_FLOOR, SCORING_RULE,
+                                      TRAINED, failure_kind)
 from ablate.analysis.lr_sensitivity import DEFAULT_TOLERANCE, MIN_LRS, basin, lr_curve, per_seed_sensitivity
 from ablate.registry import Registry
 
@@ -70,6 +71,9 @@ class Measure:
     per_cell: bool  # fn is called once per cell (else once per key, with all its cells)
     requires: dict  # axis -> the fewest distinct values a side needs on its grid
     higher_is_worse: bool  # for non-inferiority: which way "worse" points
+    # Reads where runs stop training as the rate rises: its futility needs each arm's edge of
+    # stability bracketed by the swept rates (analysis/design_checks.py).
+    stability: bool = False
 
 
 MEASURES: Registry[Measure] = Registry("measure")
@@ -77,14 +81,15 @@ TESTS = ("t", "binary", "exact")
 
 
 def measure(name: str, unit: str, description: str, test: str = "t", consumes: tuple = (),
-            requires: dict | None = None, higher_is_worse: bool = True):
+            requires: dict | None = None, higher_is_worse: bool = True, stability: bool = False):
     """Register a measure under `name` (see the module docstring)."""
     if test not in TESTS:
         raise ValueError(f"test {test!r}; valid: {', '.join(TESTS)}")
 
     def register(fn):
         MEASURES.register(name, Measure(name, fn, unit, test, tuple(consumes), description, per_cell=not consumes,
-                                        requires=dict(requires or {}), higher_is_worse=higher_is_worse),
+                                        requires=dict(requires or {}), higher_is_worse=higher_is_worse,
+                                        stability=stability),
                           origin=fn.__module__)
         return fn
 
@@ -223,7 +228,6 @@ def basin_width(ctx, cells, params) -> float:
 
 # ------------------------------------------------------------------------------ gradients
 
-GRAD_FLOOR = 1e-30  # gradient norms below this (0 included) count as this
 EARLY_STEPS = 20  # "the first steps": steps 1 to this, unless a comparison says `until`
 
 
@@ -344,15 +348,22 @@ def act_rms_growth(ctx, cell, params) -> float:
 
 
 @measure("diverged", "share diverged", "1 when the run diverged (a non-finite or exploding loss), 0 when it "
-         "completed (trained or plateaued)", test="binary")
+         "completed (trained or plateaued)", test="binary", stability=True)
 def diverged(ctx, cell, params) -> float:
     return 1.0 if _outcome(cell) == DIVERGED else 0.0
 
 
 @measure("failed", "share failed", "1 when the training run failed (plateaued on the unigram entropy or "
-         "diverged: analysis/outcomes.py), 0 when it trained", test="binary")
+         "diverged: analysis/outcomes.py), 0 when it trained", test="binary", stability=True)
 def failed(ctx, cell, params) -> float:
     return 1.0 if _outcome(cell) in FAILED_TRAINING else 0.0
+
+
+@measure("dead", "share dead", "1 when the training run is dead (analysis/outcomes.py: " + DEAD_RULE + "), 0 when "
+         "it trained, is slow or diverged", test="binary", stability=True)
+def dead(ctx, cell, params) -> float:
+    outcome = _outcome(cell)
+    return 1.0 if failure_kind(outcome, ctx.steps(cell["cell_id"])) == DEAD else 0.0
 
 
 def first_nonfinite_step(ctx: Context, cell_id: str) -> int | None:
@@ -363,3 +374,58 @@ def first_nonfinite_step(ctx: Context, cell_id: str) -> int | None:
         return None
     bad = ~np.isfinite(steps[columns].to_numpy(dtype=float)).all(axis=1)
     return int(steps["step"].to_numpy()[bad][0]) if bad.any() else None
+
+
+# ------------------------------------------------------------------ largest stable rate
+
+MIN_LADDER = 3  # rates a ladder needs for an edge to lie between two of them
+
+
+def stable_edge(rates, trained) -> tuple[float, str]:
+    """(log10 of the largest stable rate, where it lies) from one seed's ladder: `rates` and
+    whether the run trained at each. Wortsman et al. 2023's largest rate at which the run trains,
+    read from below: the largest rate under the lowest rate where it fails, so a lucky run above
+    a failure does not count. Censored ends are scored, never dropped: a run that trains at every
+    rate scores the top rate ("above": its edge is at or beyond it); one that fails at the lowest
+    scores one ladder step under it ("below"). Otherwise "inside"."""
+    order = np.argsort(np.asarray(rates, dtype=float))
+    logs = np.log10(np.asarray(rates, dtype=float)[order])
+    ok = np.asarray(trained, dtype=bool)[order]
+    if ok.all():
+        return float(logs[-1]), "above"
+    first_fail = int(np.argmin(ok))
+    if first_fail == 0:
+        return float(2 * logs[0] - logs[1]), "below"
+    return float(logs[first_fail - 1]), "inside"
+
+
+def _ladder(cells: pd.DataFrame) -> tuple[list, list]:
+    """One seed's (rates, trained) over the cells of a key; Missing if a rate repeats or has no result."""
+    if cells["lr"].nunique() < MIN_LADDER:
+        raise MeasureUnavailable(f"the largest stable rate needs a ladder of at least {MIN_LADDER} learning rates; the "
+                                 f"selection has {cells['lr'].nunique()}")
+    if cells["lr"].duplicated().any():
+        raise MeasureUnavailable("several cells share a learning rate in one key: the comparison's selectors must fix "
+                                 "every axis but the seed and the rate")
+    if (cells["outcome"] == FAILED).any():
+        raise Missing("a rate of the ladder did not finish")
+    return cells["lr"].astype(float).tolist(), (cells["outcome"] == TRAINED).tolist()
+
+
+@measure("largest_stable_lr", "log10 lr", "Wortsman et al. (2023): log10 of the largest rate of the swept ladder at "
+         "which the seed's run trains, read from below (the rate under the lowest one where it fails); a run that "
+         "trains at every rate scores the top rate, one that fails at the lowest one ladder step under it",
+         consumes=("lr",), requires={"lr": MIN_LADDER}, higher_is_worse=False, stability=True)
+def largest_stable_lr(ctx, cells, params) -> float:
+    return stable_edge(*_ladder(cells))[0]
+
+
+@measure("warmup_lr_gain", "log10 lr", "log10 of the factor by which warmup raises the seed's largest stable rate "
+         "(largest_stable_lr with the longest warmup the key has, minus without warmup)", consumes=("lr", "warmup"),
+         requires={"lr": MIN_LADDER, "warmup": 2}, higher_is_worse=False, stability=True)
+def warmup_lr_gain(ctx, cells, params) -> float:
+    warmups = sorted(cells["warmup"].astype(int).unique())
+    if len(warmups) < 2 or warmups[0] != 0:
+        raise Missing(f"needs cells without warmup and with it; has warmups {warmups}")
+    with_, without = (cells[cells["warmup"].astype(int) == w] for w in (warmups[-1], 0))
+    return stable_edge(*_ladder(with_))[0] - stable_edge(*_ladder(without))[0]

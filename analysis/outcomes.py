@@ -16,11 +16,27 @@ within a hair of each other: the plateau's label never moves a loss). A diverged
 of its own and scores the entropy (scoring it at its loss at initialisation, about 5.5 nats here,
 would weigh a blow-up far above a plateau at about 3.2). Where the unigram entropy is unknown
 (data without it recorded), the loss at initialisation stands in. Failure stays a measure of its
-own (claim_measures `failed`, `diverged`): the score does not count it.
+own (claim_measures `failed`, `diverged`, `dead`): the score does not count it.
+
+A failed training run is one of three kinds (`failure_kind`, from the logs the harness keeps):
+
+    dead       collapsed: it ended on the plateau with the first block's gradient norm at least
+               DEAD_GRAD_DECADES decades under the top block's (far under Adam's eps against the
+               top's, so the lower blocks no longer learn) and, where the stability probes are
+               logged, every position's representation the same (top block's cos_sim at least
+               COLLAPSED_COS) or attention uniform (each block's entropy within
+               UNIFORM_ATTENTION_SHARE of a uniform causal attention's)
+    slow       on the plateau with its gradients alive: it might still leave it given more steps
+    diverged   stopped on a non-finite or exploding loss
+
+The gradient test is the one that decides: a healthy run's representations are near-identical
+too while it sits on the plateau early on (cos_sim 0.996 at step 20 of a post-norm run that
+trains, seed 100), so the probes only confirm a collapse the gradients show.
 """
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 
@@ -28,6 +44,17 @@ from ablate.rundir import COMPLETED as STATUS_COMPLETED, DIVERGED as STATUS_DIVE
 
 PLATEAU_MARGIN = 0.2  # nats above (unigram entropy - this) = stuck on the unigram plateau
 TRAINED, PLATEAUED, DIVERGED, FAILED = "trained", "plateaued", "diverged", "failed"
+DEAD, SLOW = "dead", "slow"
+FAILURE_KINDS = (DEAD, SLOW, DIVERGED)  # what a failed training run is, in the order reports list them
+# Issue 52: dead post-norm runs end with the first block's gradient 10-17 decades under the top
+# block's; slow pre-norm runs within one. Six decades sits far from both.
+DEAD_GRAD_DECADES = 6.0
+GRAD_FLOOR = 1e-30  # gradient norms below this (0 included: underflow) count as this
+COLLAPSED_COS = 0.99  # top block's mean pairwise cosine of the token vectors: all positions alike
+UNIFORM_ATTENTION_SHARE = 0.95  # a block's attention entropy over a uniform causal attention's
+DEAD_RULE = (f"dead: on the plateau with the first block's gradient norm at least {DEAD_GRAD_DECADES:g} decades under "
+             f"the top block's (and, where probed, the top block's cos_sim >= {COLLAPSED_COS:g} or attention "
+             f"uniform); slow: on the plateau with gradients alive")
 OUTCOMES = (TRAINED, PLATEAUED, DIVERGED)  # the training outcomes, in the order reports list them
 FAILED_TRAINING = (PLATEAUED, DIVERGED)
 SCORING_RULE = ("a completed run scores min(its final val loss, the unigram entropy), a diverged one the unigram "
@@ -73,3 +100,70 @@ def scored_loss(outcome: str, final_val_loss, unigram_entropy, init_loss) -> flo
     if not math.isfinite(loss):
         return ceiling
     return min(loss, ceiling) if math.isfinite(ceiling) else loss
+
+
+def failure_kind(outcome: str, steps, context: int | None = None) -> str | None:
+    """DEAD, SLOW or DIVERGED for a failed training run (`outcome` PLATEAUED or DIVERGED), None
+    for one that trained or has no outcome. `steps`: the run's metrics.jsonl rows (a frame);
+    `context`: its sequence length, for the uniform-attention test (without it, that test is off)."""
+    if outcome == DIVERGED:
+        return DIVERGED
+    if outcome != PLATEAUED:
+        return None
+    return DEAD if collapsed(steps, context) else SLOW
+
+
+def collapsed(steps, context: int | None = None) -> bool:
+    """Whether the run's last logged gradients show a collapse (module docstring), confirmed by
+    the last stability probes where it logged them."""
+    reach = last_grad_reach(steps)
+    if reach is None or reach > -DEAD_GRAD_DECADES:
+        return False
+    evidence = [e for e in (_same_representations(steps), _uniform_attention(steps, context)) if e is not None]
+    return not evidence or any(evidence)
+
+
+def last_grad_reach(steps) -> float | None:
+    """log10(first block's gradient norm / the top block's) at the last logged step where both
+    are finite (the first block's floored at GRAD_FLOOR); None without them."""
+    columns = _layers(steps, "grad_norm")
+    if len(columns) < 2:
+        return None
+    first = steps[columns[0]].to_numpy(dtype=float)
+    top = steps[columns[-1]].to_numpy(dtype=float)
+    ok = np.isfinite(first) & np.isfinite(top) & (top > 0)
+    if not ok.any():
+        return None
+    i = np.flatnonzero(ok)[-1]
+    return math.log10(max(first[i], GRAD_FLOOR) / top[i])
+
+
+def _same_representations(steps) -> bool | None:
+    value = _last(steps, _layers(steps, "cos_sim")[-1:])
+    return None if value is None else bool(value[0] >= COLLAPSED_COS)
+
+
+def _uniform_attention(steps, context: int | None) -> bool | None:
+    """Every block's mean attention entropy within UNIFORM_ATTENTION_SHARE of a uniform causal
+    attention's, the mean over query positions t of log(t + 1)."""
+    values = _last(steps, _layers(steps, "attn_entropy"))
+    if values is None or not context:
+        return None
+    uniform = float(np.mean(np.log(np.arange(1, int(context) + 1))))
+    return bool(uniform > 0 and (values >= UNIFORM_ATTENTION_SHARE * uniform).all())
+
+
+def _last(steps, columns: list[str]):
+    """The last row where every column is finite, as an array; None when there is none."""
+    if not columns:
+        return None
+    values = steps[columns].to_numpy(dtype=float)
+    ok = np.isfinite(values).all(axis=1)
+    return values[np.flatnonzero(ok)[-1]] if ok.any() else None
+
+
+def _layers(steps, metric: str) -> list[str]:
+    """`metric/layer_{i}` columns (no part), in layer order."""
+    pattern = re.compile(rf"^{re.escape(metric)}/layer_(\d+)$")
+    found = [(int(m.group(1)), c) for c in getattr(steps, "columns", []) if (m := pattern.match(str(c)))]
+    return [c for _, c in sorted(found)]

@@ -329,8 +329,10 @@ def compare(ctx: Context, c: Compare, alpha: float, alpha_power: float) -> Resul
                       seed_values=tuple(per), spread=spread)
     test = run_test(result, alpha)
     note = "; ".join(x for x in ("" if test is not None else "no seed to test", _nonfinite_note(ctx, m, sides)) if x)
-    return _replace(result, test=test, seeds_needed=seeds_needed(result, alpha_power),
-                    seeds_needed_upper=seeds_needed(result, alpha_power, upper=True), note=note)
+    from ablate.analysis.design_checks import judged  # futility only where the design could show the effect
+
+    return judged(ctx, sides, _replace(result, test=test, seeds_needed=seeds_needed(result, alpha_power),
+                                       seeds_needed_upper=seeds_needed(result, alpha_power, upper=True), note=note))
 
 
 def run_test(r: Result, level: float, n: int | None = None) -> decide.Test | None:

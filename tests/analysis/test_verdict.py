@@ -110,18 +110,20 @@ def _basin_cells(root, variant, seed, v):
         write_run(root, variant, seed, losses=[4.0, 3.0, 2.5], val_loss=final + 0.001 * seed * i, options={"lr": lr})
 
 
+# The binary writers put each arm's edge of stability inside a fine sweep (analysis/design_checks.py:
+# futility needs it): v = 1 fails at 2 of 3 rates, v = 0 at 1.
 def _diverged_cells(root, variant, seed, v):
-    for lr in (1e-3, 1e-2):
-        losses = [4.0, 3.0, float("nan")] if v else [4.0, 3.0, 2.5]
+    for lr in (1e-3, 2e-3, 3e-3):
+        losses = [4.0, 3.0, float("nan")] if lr > (1e-3 if v else 2e-3) else [4.0, 3.0, 2.5]
         write_run(root, variant, seed, losses=losses, options={"lr": lr})
 
 
 def _failed_cells(root, variant, seed, v):
-    # v = 1: one plateaued run (on the unigram entropy) and one diverged; v = 0: both trained.
-    write_run(root, variant, seed, losses=[4.0, 3.0, 3.2], val_loss=3.3 if v else 2.5, options={"lr": 1e-3},
+    # v = 1: one plateaued run (on the unigram entropy) and one diverged; v = 0: one diverged.
+    write_run(root, variant, seed, losses=[4.0, 3.0, 2.5], options={"lr": 1e-3}, unigram_entropy=3.4)
+    write_run(root, variant, seed, losses=[4.0, 3.0, 3.2], val_loss=3.3 if v else 2.5, options={"lr": 2e-3},
               unigram_entropy=3.4)
-    write_run(root, variant, seed, losses=[4.0, 3.0, float("nan") if v else 2.5], options={"lr": 1e-2},
-              unigram_entropy=3.4)
+    write_run(root, variant, seed, losses=[4.0, 3.0, float("nan")], options={"lr": 3e-3}, unigram_entropy=3.4)
 
 
 def _act_cell(root, variant, seed, v):
@@ -140,7 +142,8 @@ BINARY = ("diverged", "failed")
 
 
 def test_every_registered_measure_has_a_synthetic_writer_here_or_its_own_test():
-    own_tests = {"gain_per_param", "basin_width", "params"}  # tested below on their own
+    own_tests = {"gain_per_param", "basin_width", "params",  # tested below on their own
+                 "dead", "largest_stable_lr", "warmup_lr_gain"}  # tests/analysis/test_claim_measures.py
     assert set(MEASURES) == set(WRITERS) | own_tests
 
 
@@ -417,8 +420,8 @@ def test_divergence_reports_the_first_non_finite_step(tmp_path):
         _diverged_cells(tmp_path, POST, s, 1)
         _diverged_cells(tmp_path, PRE, s, 0)
     result = evaluate(claim_of("diverged"), tmp_path).results[0]
-    # 8 paired cells are 4 seeds: the unit is the seed, so p = 1/2^4, not 1/2^8
-    assert result.test.name == "exact sign test over seeds" and result.n_pairs == 8 and result.n_seeds == 4
+    # 12 paired cells are 4 seeds: the unit is the seed, so p = 1/2^4, not 1/2^12
+    assert result.test.name == "exact sign test over seeds" and result.n_pairs == 12 and result.n_seeds == 4
     assert result.test.p_value == pytest.approx(0.5 ** 4)
     assert "first non-finite value at step 2" in result.note
 
