@@ -317,7 +317,9 @@ def check_against_grid(claim: Claim, cells: pd.DataFrame) -> list[str]:
                 if have < least:
                     _fail(here, f"measure {c.measure!r} cannot vary on this grid: side {side} has {have} value(s) of "
                                 f"{axis}, it needs at least {least}")
-    return seed_floor_notes(claim, cells)
+    from ablate.analysis.claim_checks import design_notes  # the design rule of a stability clause
+
+    return seed_floor_notes(claim, cells) + design_notes(claim, cells)
 
 
 def seed_floor_notes(claim: Claim, cells: pd.DataFrame) -> list[str]:

@@ -262,7 +262,8 @@ def grid_cells(grid):
         rows.append({"cell_id": cell.id, "seed": cfg.seed, "norm": spec.norm, "norm_type": spec.norm_type,
                      "act": spec.act, "mlp": spec.mlp, "residual": spec.residual, "qk_norm": spec.qk_norm,
                      "lr": cfg.lr, "warmup": cfg.warmup, "init": cfg.init_name, "mlp_ratio": cfg.mlp_ratio,
-                     "n_layer": cfg.size.n_layer, "width": cfg.size.d_model, "planned_steps": cfg.steps})
+                     "n_layer": cfg.size.n_layer, "width": cfg.size.d_model, "planned_steps": cfg.steps,
+                     "schedule": cfg.schedule, "grad_clip": cfg.grad_clip})
     return pd.DataFrame(rows)
 
 

@@ -148,3 +148,72 @@ def test_a_cell_without_a_readable_row_counts_missing_not_unlogged(tmp_path):
     r = evaluate(claim_of("block_change"), tmp_path).results[0]
     assert "do not log" not in sentence(r)
     assert r.n_pairs == 2 and len(r.missing["a"]) == 1
+
+
+# ------------------------------------------------------- the design rule of a stability clause
+
+
+def _cells(rates, warmups=(0, 100), steps=300, schedule="cosine", grad_clip=1.0):
+    import pandas as pd
+
+    return pd.DataFrame([{"seed": s, "norm": "post", "lr": lr, "warmup": w, "planned_steps": steps,
+                          "schedule": schedule, "grad_clip": grad_clip}
+                         for s in range(3) for lr in rates for w in warmups])
+
+
+def _stability_claim():
+    from ablate.analysis.claims import parse_claim
+
+    return parse_claim({"name": "t", "statement": "s", "source": "test", "grid": "g", "clause": [
+        {"sentence": "Post-norm trains poorly without warmup.", "label": "warmup rescues post-norm", "compare": [
+            {"measure": "failed", "at": {"norm": "post"}, "a": {"warmup": 0}, "b": {"warmup": 100},
+             "expect": "higher", "effect": 0.25}]}]})
+
+
+def test_a_stability_clause_on_rates_too_far_apart_is_noted_at_load():
+    from ablate.analysis.claim_checks import design_notes
+
+    notes = design_notes(_stability_claim(), _cells((1e-3, 1e-2, 3e-2)))
+    assert len(notes) == 1 and "clause (a) 'warmup rescues post-norm', side a and b" in notes[0]
+    assert "rates 0.001 and 0.01 are 1.00 decades apart" in notes[0] and "at most 0.5" in notes[0]
+    assert design_notes(_stability_claim(), _cells((1e-3, 2e-3, 5e-3, 1e-2))) == []
+
+
+def test_a_short_warmup_and_an_off_recipe_base_are_noted():
+    from ablate.analysis.claim_checks import design_notes
+
+    notes = design_notes(_stability_claim(), _cells((1e-3, 3e-3, 1e-2), steps=1000, schedule="constant",
+                                                    grad_clip=0.0))
+    assert any("warmup 100 of 1000 steps is under 20% of the run: too short to matter" in n for n in notes)
+    assert any("schedule 'constant'" in n for n in notes) and any("grad_clip 0 where" in n for n in notes)
+
+
+def test_a_non_stability_clause_is_not_held_to_the_rule():
+    from ablate.analysis.claim_checks import design_notes
+    from ablate.analysis.claims import parse_claim
+
+    claim = parse_claim({"name": "t", "statement": "s", "source": "test", "grid": "g", "clause": [
+        {"sentence": "s", "label": "loss", "compare": [{"measure": "final_val_loss", "a": {"warmup": 0},
+                                                         "b": {"warmup": 100}, "expect": "higher", "effect": 0.1}]}]})
+    assert design_notes(claim, _cells((1e-3, 1e-1))) == []
+
+
+def test_the_shipped_flagship_passes_the_rule_and_its_old_grid_does_not(tmp_path):
+    """prenorm-wins against its grid, as `ablate reproduce` checks it: no design note; the grid it
+    had before issue 52 (1e-3, 1e-2, 3e-2, constant rate, no clipping) draws them."""
+    import subprocess
+
+    from ablate.analysis.claim_checks import axis_reasons
+    from ablate.commands.reproduce import check_claim_grid, shipped_claims
+    from ablate.grid.spec import load_grid
+    from tests.helpers.repo import REPO
+
+    claim = shipped_claims()["prenorm-wins"]
+    grid_file = REPO / "variants" / "grids" / "claim-prenorm-wins.toml"
+    rule = ("decades apart", "too short to matter", "where the base recipe")
+    assert not [n for n in check_claim_grid(claim, load_grid(str(grid_file))) if any(w in n for w in rule)]
+    assert axis_reasons(grid_file.read_text()) == []  # every axis value says why it is there
+    old = subprocess.run(["git", "show", "984aaa9:variants/grids/claim-prenorm-wins.toml"], cwd=REPO,
+                         capture_output=True, text=True)
+    if old.returncode == 0:  # a checkout with that commit
+        assert axis_reasons(old.stdout) == ["norm", "warmup", "lr", "seed", "axes"]
