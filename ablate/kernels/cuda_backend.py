@@ -75,7 +75,11 @@ def extension(arch: str):
 
 
 def _stream(t: torch.Tensor) -> int:
-    return torch.cuda.current_stream(t.device).cuda_stream
+    # The raw stream handle without building a torch.cuda.Stream object (a few us a call).
+    return torch._C._cuda_getCurrentRawStream(t.device.index)
+
+
+_EXT_BY_INDEX: dict = {}  # device index -> its architecture's extension: one dict lookup a call
 
 
 class _Launchers:
@@ -83,7 +87,11 @@ class _Launchers:
 
     @staticmethod
     def _ext(t: torch.Tensor):
-        return extension(device_arch(t.device.index))
+        index = t.device.index
+        ext = _EXT_BY_INDEX.get(index)
+        if ext is None:
+            ext = _EXT_BY_INDEX[index] = extension(device_arch(index))
+        return ext
 
     def act_fwd(self, act, x, y):
         self._ext(x).act_forward(act, x, y, _stream(x))
@@ -101,10 +109,11 @@ class _Launchers:
         self._ext(x).norm_forward(x, r, s, y, w, b, mean, rstd, eps, rms, _stream(x))
 
     def norm_bwd_programs(self, rows, cols, device):
-        return max(1, min(rows, 4 * sm_count(device)))
+        # 2 blocks per SM: the last block sums every block's partial row (norms.cu)
+        return max(1, min(rows, 2 * sm_count(device)))
 
-    def norm_bwd(self, dy, ds, x, w, mean, rstd, dx, dw_part, db_part, rms):
-        self._ext(x).norm_backward(dy, ds, x, w, mean, rstd, dx, dw_part, db_part, rms, _stream(x))
+    def norm_bwd(self, dy, ds, x, w, mean, rstd, dx, dw_part, db_part, dw, db, count, rms):
+        self._ext(x).norm_backward(dy, ds, x, w, mean, rstd, dx, dw_part, db_part, dw, db, count, rms, _stream(x))
 
 
 OPS = define_ops("ablate_cuda", _Launchers())

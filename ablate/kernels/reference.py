@@ -19,6 +19,11 @@ class ReferenceBackend:
         """act(x W^T + b): a dense MLP's first layer and its activation."""
         return self.activation(name, F.linear(x, weight, bias))
 
+    def bias_activation(self, name: str, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """act(x + b) in x's dtype (the bias rounded to it first, as autocast's matmul adds it):
+        the op the GPU backends fuse into one pass (`linear_activation` without the bias)."""
+        return self.activation(name, x + bias.to(x.dtype))
+
     def dense_mlp(self, name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                   weight2: torch.Tensor, bias2: torch.Tensor | None) -> torch.Tensor:
         """act(x W^T + b) W2^T + b2: the dense MLP."""

@@ -57,7 +57,7 @@ class Launch:
         return f"{self.name}[{'/'.join(dtypes)}; {consts}; warps={warps}]"
 
 
-_POINTER_TYPES = {"torch.float32": "*fp32", "torch.bfloat16": "*bf16"}
+_POINTER_TYPES = {"torch.float32": "*fp32", "torch.bfloat16": "*bf16", "torch.int32": "*i32"}
 
 
 def _arg_type(v) -> tuple[str, bool]:
@@ -135,6 +135,10 @@ def _drive_launchers(tk) -> None:
                 tk.act_bwd(act, x, x.clone(), x.clone())
                 tk.gated_fwd(act, x, x.clone(), x.clone())
                 tk.gated_bwd(act, x, x.clone(), x.clone(), x.clone(), x.clone())
+                b = torch.zeros(cols, dtype=f32)
+                tk.bias_act_fwd(act, x, b, x.clone())
+                tk.bias_act_bwd(act, x, b, x.clone(), x.clone(), torch.zeros(2, cols, dtype=f32),
+                                b.clone(), torch.zeros(cols, dtype=torch.int32))
         for cols in NORM_WIDTHS:
             x = torch.zeros(ROWS, cols, dtype=dt)
             w = torch.ones(cols, dtype=f32)
@@ -147,8 +151,9 @@ def _drive_launchers(tk) -> None:
                     tk.norm_fwd(x, r, s, x.clone(), w, b, mean, stats.clone(), 1e-5, rms)
                     programs = 2
                     part = torch.zeros(programs, cols, dtype=f32)
+                    count = torch.zeros(2, dtype=torch.int32)
                     tk.norm_bwd(x, x.clone() if res else None, x, w, mean, stats, x.clone(), part,
-                                part.clone() if bias else None, rms)
+                                part.clone() if bias else None, w.clone(), w.clone() if bias else None, count, rms)
 
 
 def launches() -> list[Launch]:

@@ -179,10 +179,28 @@ def _norm_fwd_kernel(X, R, S, Y, W, B, Mean, Rstd, cols, x_rs, r_rs, eps,
 
 
 @triton.jit
-def _norm_bwd_kernel(DY, DS, X, W, Mean, Rstd, DX, DWp, DBp, rows, cols, dy_rs, ds_rs, x_rs, rows_per_prog,
-                     HAS_DS: tl.constexpr, HAS_BIAS: tl.constexpr, RMS: tl.constexpr, BLOCK: tl.constexpr):
+def _sum_partials_if_last(Part, Out, Count, n_parts, cols, c, m):
+    """Called by every program of a reducing backward after it stored its row of Part
+    (n_parts, cols): the program that arrives last sums the rows in a fixed order into Out
+    (float32) and resets the counter. The barrier puts the program's stores ahead of its
+    counter update (acq_rel at GPU scope); the last program's loads bypass L1 (.cg)."""
+    tl.debug_barrier()
+    done = tl.atomic_add(Count, 1)
+    if done == n_parts - 1:
+        acc = tl.zeros(c.shape, dtype=tl.float32)
+        for p in range(0, n_parts):
+            acc += tl.load(Part + p * cols + c, mask=m, other=0.0, cache_modifier=".cg")
+        tl.store(Out + c, acc, mask=m)
+        tl.atomic_xchg(Count, 0)
+
+
+@triton.jit
+def _norm_bwd_kernel(DY, DS, X, W, Mean, Rstd, DX, DWp, DBp, DW, DB, Count, rows, cols, dy_rs, ds_rs, x_rs,
+                     rows_per_prog, HAS_DS: tl.constexpr, HAS_BIAS: tl.constexpr, RMS: tl.constexpr,
+                     BLOCK: tl.constexpr):
     """dx = rstd (w dy - xhat c1 - c2) with c1 = mean(xhat w dy), c2 = mean(w dy) (c2 = 0 for
-    RMSNorm); partial dw += dy xhat and db += dy over this program's rows."""
+    RMSNorm); partial dw += dy xhat and db += dy over this program's rows, summed into DW, DB
+    by the last program (Count[0] counts dw's partial rows, Count[1] db's)."""
     pid = tl.program_id(0)
     c = tl.arange(0, BLOCK)
     m = c < cols
@@ -211,9 +229,48 @@ def _norm_bwd_kernel(DY, DS, X, W, Mean, Rstd, DX, DWp, DBp, rows, cols, dy_rs, 
         tl.store(DX + row * cols + c, _cast(dx, DX.dtype.element_ty), mask=m)
         dw += dy * xhat
         db += dy
+    n = tl.num_programs(0)
     tl.store(DWp + pid * cols + c, dw, mask=m)
+    _sum_partials_if_last(DWp, DW, Count, n, cols, c, m)
     if HAS_BIAS:
         tl.store(DBp + pid * cols + c, db, mask=m)
+        _sum_partials_if_last(DBp, DB, Count + 1, n, cols, c, m)
+
+
+# ---- bias + activation: y = act(x + b); backward dx and db = sum over rows of dx ------------
+
+@triton.jit
+def _bias_act_fwd_kernel(X, B, Y, cols, x_rs, col_blocks, ACT: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    row = pid // col_blocks
+    c = (pid % col_blocks) * BLOCK + tl.arange(0, BLOCK)
+    m = c < cols
+    x = tl.load(X + row * x_rs + c, mask=m, other=0.0).to(tl.float32) + tl.load(B + c, mask=m, other=0.0)
+    tl.store(Y + row * cols + c, _cast(_act_fwd(x, ACT), Y.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _bias_act_bwd_kernel(X, B, DY, DX, DBp, DB, Count, rows, cols, x_rs, dy_rs, rows_per_prog,
+                         ACT: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (i, j): rows i*rows_per_prog.. of column block j; its float32 sum of dx over
+    those rows is row i of DBp, and the last program of column block j sums them into DB."""
+    pid = tl.program_id(0)
+    cb = tl.program_id(1)
+    c = cb * BLOCK + tl.arange(0, BLOCK)
+    m = c < cols
+    b = tl.load(B + c, mask=m, other=0.0)
+    db = tl.zeros([BLOCK], dtype=tl.float32)
+    start = pid.to(tl.int64) * rows_per_prog
+    end = tl.minimum(start + rows_per_prog, rows)
+    for row in range(start, end):
+        x = tl.load(X + row * x_rs + c, mask=m, other=0.0).to(tl.float32) + b
+        dy = tl.load(DY + row * dy_rs + c, mask=m, other=0.0).to(tl.float32)
+        _, d = _act_fwd_grad(x, ACT)
+        dx = tl.where(m, dy * d, 0.0)
+        tl.store(DX + row * cols + c, _cast(dx, DX.dtype.element_ty), mask=m)
+        db += dx
+    tl.store(DBp + pid * cols + c, db, mask=m)
+    _sum_partials_if_last(DBp, DB, Count + cb, tl.num_programs(0), cols, c, m)
 
 
 # ---- launchers ------------------------------------------------------------------------------
@@ -287,21 +344,49 @@ def norm_fwd(x, r, s, y, w, b, mean, rstd, eps, rms):
         HAS_RES=has_res, HAS_BIAS=b is not None, RMS=rms, BLOCK=block, num_warps=_norm_warps(block))
 
 
-def norm_bwd_programs(rows, cols, device):
+def _reducing_programs(rows: int, device) -> int:
+    """Programs of a reducing backward (each a partial row): 2 per SM on a GPU, 4 interpreted.
+    The last one sums them all, so more would make that sum the long pole."""
     if device.type != "cuda" or INTERPRETED:
-        return min(rows, 4)
-    return min(rows, 4 * sm_count(device))
+        return max(1, min(rows, 4))
+    return max(1, min(rows, 2 * sm_count(device)))
+
+
+def norm_bwd_programs(rows, cols, device):
+    return _reducing_programs(rows, device)
 
 
 @_quiet
-def norm_bwd(dy, ds, x, w, mean, rstd, dx, dw_part, db_part, rms):
+def norm_bwd(dy, ds, x, w, mean, rstd, dx, dw_part, db_part, dw, db, count, rms):
     rows, cols = x.shape
     programs = dw_part.shape[0]
     rows_per_prog = triton.cdiv(rows, programs)
     block = triton.next_power_of_2(cols)
-    has_ds = ds is not None
+    has_ds, has_bias = ds is not None, db is not None
     _norm_bwd_kernel[(programs,)](
         dy, ds if has_ds else dy, x, w, mean if mean is not None else rstd, rstd, dx, dw_part,
-        db_part if db_part is not None else dw_part, rows, cols, dy.stride(0), ds.stride(0) if has_ds else 0,
-        x.stride(0), rows_per_prog,
-        HAS_DS=has_ds, HAS_BIAS=db_part is not None, RMS=rms, BLOCK=block, num_warps=_norm_warps(block))
+        db_part if has_bias else dw_part, dw, db if has_bias else dw, count, rows, cols, dy.stride(0),
+        ds.stride(0) if has_ds else 0, x.stride(0), rows_per_prog,
+        HAS_DS=has_ds, HAS_BIAS=has_bias, RMS=rms, BLOCK=block, num_warps=_norm_warps(block))
+
+
+@_quiet
+def bias_act_fwd(act, x, b, y):
+    rows, cols = x.shape
+    block = _ew_block(cols)
+    nb = triton.cdiv(cols, block)
+    _bias_act_fwd_kernel[(rows * nb,)](x, b, y, cols, x.stride(0), nb, ACT=act, BLOCK=block)
+
+
+def bias_act_programs(rows, cols, device):
+    return _reducing_programs(rows, device)
+
+
+@_quiet
+def bias_act_bwd(act, x, b, dy, dx, db_part, db, count):
+    rows, cols = x.shape
+    programs = db_part.shape[0]
+    block = _ew_block(cols)
+    _bias_act_bwd_kernel[(programs, triton.cdiv(cols, block))](
+        x, b, dy, dx, db_part, db, count, rows, cols, x.stride(0), dy.stride(0), triton.cdiv(rows, programs),
+        ACT=act, BLOCK=block)

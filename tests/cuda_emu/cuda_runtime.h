@@ -185,6 +185,12 @@ inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
   return r;
 }
 
+// The blocks of a launch run one after another, so a block that counts itself last with
+// atomicAdd sees every other block's writes: a fence only orders this block's own threads.
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
+inline float __ldcg(const float* p) { return *p; }
+
 inline int cudaGetLastError() {
   const int e = emu::last_error;
   emu::last_error = 0;

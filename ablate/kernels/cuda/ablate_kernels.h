@@ -43,10 +43,12 @@ int norm_forward(int dtype, const void* x, int64_t x_rs, const void* res, int64_
                  float eps, int rms, void* stream);
 // dx = the norm's input gradient (+ ds when ds is non-null); x is the norm's input. Launches
 // `programs` blocks; block i writes row i of dw_part and (when non-null) db_part, each
-// (programs, cols): partial sums of dy * xhat and dy over the rows it handled.
+// (programs, cols): partial sums of dy * xhat and dy over the rows it handled; the last block
+// to finish sums those rows into dw and db (cols floats each; db and db_part null together)
+// and sets `count` (zero on entry: an int32 on the device) back to zero.
 int norm_backward(int dtype, const void* dy, int64_t dy_rs, const void* ds, int64_t ds_rs, const void* x,
                   int64_t x_rs, const float* weight, const float* mean, const float* rstd, void* dx,
-                  float* dw_part, float* db_part, int64_t rows, int64_t cols, int64_t programs, int rms,
-                  void* stream);
+                  float* dw_part, float* db_part, float* dw, float* db, unsigned* count, int64_t rows, int64_t cols,
+                  int64_t programs, int rms, void* stream);
 
 }  // namespace ablate

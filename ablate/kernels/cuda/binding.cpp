@@ -119,7 +119,8 @@ void norm_forward(const at::Tensor& x, const std::optional<at::Tensor>& res, con
 void norm_backward(const at::Tensor& dy, const std::optional<at::Tensor>& ds, const at::Tensor& x,
                    const at::Tensor& weight, const std::optional<at::Tensor>& mean, const at::Tensor& rstd,
                    const at::Tensor& dx, const at::Tensor& dw_part, const std::optional<at::Tensor>& db_part,
-                   bool rms, int64_t stream) {
+                   const at::Tensor& dw, const std::optional<at::Tensor>& db, const at::Tensor& count, bool rms,
+                   int64_t stream) {
   check_in(x, x, "x");
   check_in(dy, x, "dy");
   if (ds.has_value()) check_in(*ds, x, "ds");
@@ -133,11 +134,19 @@ void norm_backward(const at::Tensor& dy, const std::optional<at::Tensor>& ds, co
   const int64_t programs = dw_part.size(0);
   check_f32(dw_part, x, programs * cols, "dw_part");
   if (db_part.has_value()) check_f32(*db_part, x, programs * cols, "db_part");
+  check_f32(dw, x, cols, "dw");
+  TORCH_CHECK(db.has_value() == db_part.has_value(), "db and db_part come together");
+  if (db.has_value()) check_f32(*db, x, cols, "db");
+  TORCH_CHECK(count.is_cuda() && count.device() == x.device() && count.scalar_type() == at::kInt &&
+                  count.is_contiguous() && count.numel() >= 1,
+              "count must be a contiguous int32 tensor on x's device");
   check_status(ablate::norm_backward(dtype_code(x), dy.data_ptr(), dy.stride(0), ds ? ds->data_ptr() : nullptr,
                                      ds ? ds->stride(0) : 0, x.data_ptr(), x.stride(0), weight.data_ptr<float>(),
                                      mean ? mean->data_ptr<float>() : nullptr, rstd.data_ptr<float>(), dx.data_ptr(),
-                                     dw_part.data_ptr<float>(), db_part ? db_part->data_ptr<float>() : nullptr, rows,
-                                     cols, programs, rms ? 1 : 0, stream_ptr(stream)),
+                                     dw_part.data_ptr<float>(), db_part ? db_part->data_ptr<float>() : nullptr,
+                                     dw.data_ptr<float>(), db ? db->data_ptr<float>() : nullptr,
+                                     reinterpret_cast<unsigned*>(count.data_ptr<int32_t>()), rows, cols, programs,
+                                     rms ? 1 : 0, stream_ptr(stream)),
                "norm_backward");
 }
 

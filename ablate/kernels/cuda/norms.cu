@@ -18,8 +18,9 @@
 // Backward: xhat = (x - mean) rstd, c1 = mean(xhat w dy), c2 = mean(w dy) (0 for RMSNorm),
 // dx = rstd (w dy - (xhat c1 + c2)) (+ ds). Each thread owns fixed columns, so it sums dw += dy xhat
 // and db += dy for them in registers; at the end the row groups of a block are summed in shared
-// memory in a fixed order and the block writes one partial row. Python sums the partial rows:
-// the result is deterministic.
+// memory in a fixed order and the block writes one partial row. The block that finishes last
+// (a counter, reset by that block) sums the partial rows in a fixed order into dw and db: the
+// result is deterministic and needs no second launch (llm.c's layernorm backward does the same).
 #include <type_traits>
 
 #include "device_utils.h"
@@ -148,12 +149,47 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
+// Sum of column c over the n partial rows of `part`, in a fixed order; 8 independent sums
+// keep 8 loads in flight per thread. __ldcg: through L2, where the other blocks' rows are.
+__device__ __forceinline__ float column_sum(const float* __restrict__ part, int64_t n, int cols, int c) {
+  float a[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  int64_t g = 0;
+  for (; g + 8 <= n; g += 8) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) a[k] += __ldcg(part + (g + k) * cols + c);
+  }
+  for (; g < n; ++g) a[0] += __ldcg(part + g * cols + c);
+  return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+// Called by every block after it wrote its partial rows: the last block to arrive sums every
+// block's rows into dw (and db when non-null) and resets the counter for the next launch.
+__device__ __forceinline__ void sum_partials_if_last(const float* __restrict__ dw_part,
+                                                     const float* __restrict__ db_part, float* __restrict__ dw,
+                                                     float* __restrict__ db, unsigned* __restrict__ count, int cols) {
+  __shared__ bool last;
+  __threadfence();  // this block's partial rows are visible device-wide before it is counted
+  __syncthreads();
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  if (tid == 0) last = atomicAdd(count, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int64_t n = gridDim.x;
+  for (int c = tid; c < cols; c += blockDim.x * blockDim.y) {
+    dw[c] = column_sum(dw_part, n, cols, c);
+    if (db != nullptr) db[c] = column_sum(db_part, n, cols, c);
+  }
+  if (tid == 0) *count = 0u;
+}
+
 template <typename T, int N, int P>
 __global__ void __launch_bounds__(kMaxThreads)
     norm_bwd_kernel(const T* __restrict__ dy, int64_t dy_rs, const T* __restrict__ ds, int64_t ds_rs,
                     const T* __restrict__ x, int64_t x_rs, const float* __restrict__ w,
                     const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
-                    float* __restrict__ dw_part, float* __restrict__ db_part, int64_t rows, int cols, bool rms) {
+                    float* __restrict__ dw_part, float* __restrict__ db_part, float* __restrict__ dw_out,
+                    float* __restrict__ db_out, unsigned* __restrict__ count, int64_t rows, int cols, bool rms) {
   __shared__ float2 red[kMaxRG][32];
   extern __shared__ float acc[];  // [blockDim.y][cols]
   const int packs = cols / N;
@@ -235,6 +271,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       out[c] = total;
     }
   }
+  sum_partials_if_last(dw_part, db_part, dw_out, db_out, count, cols);
 }
 
 // ---- host side ------------------------------------------------------------------------------
@@ -321,15 +358,15 @@ int norm_fwd_t(const void* x, int64_t x_rs, const void* res, int64_t r_rs, void*
 
 template <typename T, int N>
 int norm_bwd_n(const T* dy, int64_t dy_rs, const T* ds, int64_t ds_rs, const T* x, int64_t x_rs, const float* w,
-               const float* mean, const float* rstd, T* dx, float* dw_part, float* db_part, int64_t rows, int cols,
-               int64_t programs, bool rms, cudaStream_t st) {
+               const float* mean, const float* rstd, T* dx, float* dw_part, float* db_part, float* dw, float* db,
+               unsigned* count, int64_t rows, int cols, int64_t programs, bool rms, cudaStream_t st) {
   const NormConfig c = norm_config<N>(cols, true);
   if (c.p == 0) return kTooWide;
   const size_t smem = static_cast<size_t>(c.rg) * static_cast<size_t>(cols) * sizeof(float);
   return with_packs<N>(c.p, [&](auto pc) {
     norm_bwd_kernel<T, N, decltype(pc)::value>
         <<<dim3(static_cast<unsigned>(programs)), dim3(c.tpr, c.rg), smem, st>>>(
-            dy, dy_rs, ds, ds_rs, x, x_rs, w, mean, rstd, dx, dw_part, db_part, rows, cols, rms);
+            dy, dy_rs, ds, ds_rs, x, x_rs, w, mean, rstd, dx, dw_part, db_part, dw, db, count, rows, cols, rms);
     return static_cast<int>(cudaGetLastError());
   });
 }
@@ -337,7 +374,8 @@ int norm_bwd_n(const T* dy, int64_t dy_rs, const T* ds, int64_t ds_rs, const T* 
 template <typename T>
 int norm_bwd_t(const void* dy, int64_t dy_rs, const void* ds, int64_t ds_rs, const void* x, int64_t x_rs,
                const float* w, const float* mean, const float* rstd, void* dx, float* dw_part, float* db_part,
-               int64_t rows, int cols, int64_t programs, bool rms, cudaStream_t st) {
+               float* dw, float* db, unsigned* count, int64_t rows, int cols, int64_t programs, bool rms,
+               cudaStream_t st) {
   constexpr int V = vec_width<T>();
   const T* dyp = static_cast<const T*>(dy);
   const T* dsp = static_cast<const T*>(ds);
@@ -346,10 +384,10 @@ int norm_bwd_t(const void* dy, int64_t dy_rs, const void* ds, int64_t ds_rs, con
   const bool vec = cols % V == 0 && dy_rs % V == 0 && x_rs % V == 0 && aligned16(dy) && aligned16(x) &&
                    aligned16(dx) && (ds == nullptr || (ds_rs % V == 0 && aligned16(ds)));
   if (vec)
-    return norm_bwd_n<T, V>(dyp, dy_rs, dsp, ds_rs, xp, x_rs, w, mean, rstd, dxp, dw_part, db_part, rows, cols,
-                            programs, rms, st);
-  return norm_bwd_n<T, 1>(dyp, dy_rs, dsp, ds_rs, xp, x_rs, w, mean, rstd, dxp, dw_part, db_part, rows, cols,
-                          programs, rms, st);
+    return norm_bwd_n<T, V>(dyp, dy_rs, dsp, ds_rs, xp, x_rs, w, mean, rstd, dxp, dw_part, db_part, dw, db, count,
+                            rows, cols, programs, rms, st);
+  return norm_bwd_n<T, 1>(dyp, dy_rs, dsp, ds_rs, xp, x_rs, w, mean, rstd, dxp, dw_part, db_part, dw, db, count,
+                          rows, cols, programs, rms, st);
 }
 
 }  // namespace
@@ -371,19 +409,21 @@ int norm_forward(int dtype, const void* x, int64_t x_rs, const void* res, int64_
 
 int norm_backward(int dtype, const void* dy, int64_t dy_rs, const void* ds, int64_t ds_rs, const void* x,
                   int64_t x_rs, const float* weight, const float* mean, const float* rstd, void* dx,
-                  float* dw_part, float* db_part, int64_t rows, int64_t cols, int64_t programs, int rms,
-                  void* stream) {
-  if (rows < 0 || cols < 1 || programs < 1 || programs > 0x7fffffff || (!rms && mean == nullptr)) return kBadArgument;
+                  float* dw_part, float* db_part, float* dw, float* db, unsigned* count, int64_t rows, int64_t cols,
+                  int64_t programs, int rms, void* stream) {
+  if (rows < 0 || cols < 1 || programs < 1 || programs > 0x7fffffff || (!rms && mean == nullptr) || dw == nullptr ||
+      count == nullptr || (db == nullptr) != (db_part == nullptr))
+    return kBadArgument;
   if (cols > kMaxNormCols) return kTooWide;
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   const int c = static_cast<int>(cols);
   // With rows == 0 the kernel still runs: it writes the (zero) partial rows.
   if (dtype == kFloat32)
-    return norm_bwd_t<float>(dy, dy_rs, ds, ds_rs, x, x_rs, weight, mean, rstd, dx, dw_part, db_part, rows, c,
-                             programs, rms != 0, st);
+    return norm_bwd_t<float>(dy, dy_rs, ds, ds_rs, x, x_rs, weight, mean, rstd, dx, dw_part, db_part, dw, db, count,
+                             rows, c, programs, rms != 0, st);
   if (dtype == kBFloat16)
-    return norm_bwd_t<__nv_bfloat16>(dy, dy_rs, ds, ds_rs, x, x_rs, weight, mean, rstd, dx, dw_part, db_part, rows, c,
-                                     programs, rms != 0, st);
+    return norm_bwd_t<__nv_bfloat16>(dy, dy_rs, ds, ds_rs, x, x_rs, weight, mean, rstd, dx, dw_part, db_part, dw, db,
+                                     count, rows, c, programs, rms != 0, st);
   return kBadArgument;
 }
 

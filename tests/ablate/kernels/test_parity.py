@@ -370,9 +370,10 @@ int e_norm_forward(int d, const void* x, int64_t xrs, const void* res, int64_t r
                    const float* b, float* m, float* rs, int64_t r, int64_t c, float eps, int rms) {
   return ablate::norm_forward(d, x, xrs, res, rrs, s, y, w, b, m, rs, r, c, eps, rms, nullptr); }
 int e_norm_backward(int d, const void* dy, int64_t dyrs, const void* ds, int64_t dsrs, const void* x, int64_t xrs,
-                    const float* w, const float* m, const float* rs, void* dx, float* dwp, float* dbp, int64_t r,
-                    int64_t c, int64_t p, int rms) {
-  return ablate::norm_backward(d, dy, dyrs, ds, dsrs, x, xrs, w, m, rs, dx, dwp, dbp, r, c, p, rms, nullptr); }
+                    const float* w, const float* m, const float* rs, void* dx, float* dwp, float* dbp, float* dw,
+                    float* db, unsigned* count, int64_t r, int64_t c, int64_t p, int rms) {
+  return ablate::norm_backward(d, dy, dyrs, ds, dsrs, x, xrs, w, m, rs, dx, dwp, dbp, dw, db, count, r, c, p, rms,
+                               nullptr); }
 }
 """
 LAUNCH = re.compile(r"(\b\w+_kernel<[^;{}]*?>)\s*<<<(.*?)>>>\((.*?)\);", re.S)
@@ -435,10 +436,10 @@ class _EmuLaunchers:
     def norm_bwd_programs(self, rows, cols, device):
         return max(1, min(rows, EMU_PROGRAMS))
 
-    def norm_bwd(self, dy, ds, x, w, mean, rstd, dx, dw_part, db_part, rms):
+    def norm_bwd(self, dy, ds, x, w, mean, rstd, dx, dw_part, db_part, dw, db, count, rms):
         self._call("e_norm_backward", self._dt(x),
                    *self._a(dy, dy.stride(0), ds, 0 if ds is None else ds.stride(0), x, x.stride(0), w, mean, rstd,
-                            dx, dw_part, db_part, *x.shape, dw_part.shape[0], bool(rms)))
+                            dx, dw_part, db_part, dw, db, count, *x.shape, dw_part.shape[0], bool(rms)))
 
 
 @pytest.fixture(scope="module")
