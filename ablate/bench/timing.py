@@ -44,6 +44,40 @@ def time_calls(fn: Callable[[], object], repeats: int, warmup: int = 1, calls: i
     return [between(start, end) / calls for start, end in marks]
 
 
+def host_seconds(fn: Callable[[], object], repeats: int, warmup: int = 1, calls: int = 20,
+                 sync: Callable[[], object] = lambda: None) -> list[float]:
+    """Host time: wall seconds a call of `fn` takes to return, the mean of `calls` back-to-back
+    calls per sample, with the device drained (`sync`) untimed before each sample. On a GPU this
+    is the time to enqueue the work, not to do it; on a CPU it is the work."""
+    return time_calls(fn, repeats, warmup, calls, clock=WALL_CLOCK, before=sync)
+
+
+def graph_seconds(fn: Callable[[], object], device, repeats: int, calls: int = 20, warmup: int = 3) -> list[float]:
+    """GPU time of one call of `fn`: `calls` calls captured in one CUDA graph, the graph replayed
+    between CUDA events, so no host time is counted (the host launches one graph). Warm-up and
+    capture run on one side stream (cached per-stream buffers are made before the capture).
+    Raises whatever capture raises (an op that syncs, or allocates host memory, cannot be captured)."""
+    import torch
+
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for _ in range(calls):
+            fn()
+    return [t / calls for t in time_calls(graph.replay, repeats, warmup=1, clock=cuda_events())]
+
+
+def steady_seconds(fn: Callable[[], object], repeats: int, calls: int = 20, warmup: int = 3) -> list[float]:
+    """GPU time of one call of `fn` without a graph: `calls` back-to-back calls between CUDA
+    events, the mean per call. Host-bound ops show their host time here (the GPU waits on it)."""
+    return time_calls(fn, repeats, warmup, calls, clock=cuda_events())
+
+
 def once(fn: Callable[[], object]) -> float:
     """Seconds of one call of `fn`, no warm-up (a step, a process)."""
     return time_calls(fn, 1, warmup=0)[0]
