@@ -364,6 +364,10 @@ def _reproduce(claim, cells: Path, req: Request, grid):
     from ablate.claim.looks import unfinished
 
     left = unfinished(cells, [c.id for c in grid.cells]) if status == 0 else []  # not waited for, or busy
+    if left:  # a verdict on some of the design's cells would read as the design's
+        print(f"{claim.name}: {len(left)} of {len(grid.cells)} cells not finished (e.g. {left[0]}): no verdict "
+              "until they are; rerun to resume", flush=True)
+        return UNDECIDED, None
     out.mkdir(parents=True, exist_ok=True)
     from ablate.claim.design import own_seeds
 
@@ -376,10 +380,6 @@ def _reproduce(claim, cells: Path, req: Request, grid):
         print(f"  {clause_line(i, clause)}", flush=True)
     for note in verdict.notes:
         print(f"  note: {note}", flush=True)
-    if left:
-        print(f"{claim.name}: {len(left)} of {len(grid.cells)} cells not finished (e.g. {left[0]}): the verdict is "
-              "not final; rerun to resume", flush=True)
-        return UNDECIDED, verdict
     return status, verdict
 
 

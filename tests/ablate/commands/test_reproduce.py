@@ -499,3 +499,13 @@ def test_reproduce_takes_trust_imports_as_grid_does(tmp_path, capsys):
     assert main([*argv, "--trust-imports"]) == 0
     assert "relu_reproduce_test" in capsys.readouterr().out
     assert not (tmp_path / "cells").exists()
+
+
+def test_a_fixed_design_whose_cells_did_not_finish_exits_3_with_no_verdict(tmp_path, monkeypatch, capsys):
+    # cells submitted and not waited for (--no-wait), or busy in another process: not a verdict
+    monkeypatch.setattr("ablate.grid.runner.run_grid", lambda *a, **k: 0)  # returns with no cell trained
+    cells = tmp_path / "cells"
+    assert main(["reproduce", str(mini_claim(tmp_path)), "--seeds", "4", "--workers", "0", "--out", str(cells)]) == (
+        UNDECIDED)
+    assert "mini-decide: 12 of 12 cells not finished (e.g. " in capsys.readouterr().out
+    assert not (cells / "seeds-4" / "verdict.json").exists()
