@@ -118,7 +118,8 @@ def _side_problems(cells, c, clause) -> list[str]:
     if gaps:
         lo, hi = gaps[0]
         problems.append(f"rates {lo:g} and {hi:g} are {math.log10(hi / lo):.2f} decades apart; a stability clause's "
-                        f"rates are at most {MAX_GAP_DECADES:g} apart, to bracket each arm's edge of stability")
+                        f"rates are at most {MAX_GAP_DECADES:.2f} apart (a 1-3-10 ladder's step), to bracket each arm's edge "
+                        "of stability")
     if "warmup" in cells and "planned_steps" in cells:
         warm = cells[pd_numeric(cells["warmup"]) > 0]
         short = warm[pd_numeric(warm["warmup"]) < MIN_WARMUP_SHARE * pd_numeric(warm["planned_steps"])]

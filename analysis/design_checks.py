@@ -34,9 +34,11 @@ from ablate.analysis.claim_measures import MEASURES, stable_edge
 from ablate.analysis.outcomes import FAILED, TRAINED
 
 DESIGN_PREFIX = "cannot tell from this design"
-MAX_GAP_DECADES = 0.5  # the design rule's rate spacing near an edge (docs/claims.md): 1e-3, 3e-3 is 0.48
+# The design rule's rate spacing near an edge (docs/claims.md): about half a decade, the wider
+# step of a 1-3-10 ladder (3e-3 to 1e-2 is 0.52 decades) included.
+MAX_GAP_DECADES = math.log10(10 / 3)
 LOCATED_SHARE = 0.5  # an arm passes when its edge is located in at least this share of its seeds
-_SLACK = 1e-9  # 10^0.5 written as 3.16... passes as half a decade
+_SLACK = 1e-9  # a ladder's 10/3 step written in decimals passes
 
 
 def judged(ctx, sides: dict, result):
@@ -110,7 +112,7 @@ def arm_problem(cells: pd.DataFrame) -> str | None:
     if where["coarse"]:
         low, high, gap = where["coarse"][0]
         parts.append(f"its edge lies between {low:g} and {high:g} in {len(where['coarse'])} of {n} seeds, "
-                     f"{gap:.2f} decades apart (the design rule: at most {MAX_GAP_DECADES:g})")
+                     f"{gap:.2f} decades apart (the design rule: at most {MAX_GAP_DECADES:.2f}, a 1-3-10 ladder's step)")
     return "; ".join(parts)
 
 
