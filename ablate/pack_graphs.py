@@ -46,6 +46,11 @@ def syncs_flagged(device: torch.device):
         torch.cuda.set_sync_debug_mode(old)
 
 
+def capture_enabled(device: torch.device) -> bool:
+    """Whether a pack on `device` replays captured steps."""
+    return device.type == "cuda" and CAPTURE_ON_CUDA
+
+
 @dataclass
 class _Graph:
     graph: Any  # torch.cuda.CUDAGraph

@@ -32,7 +32,7 @@ from torch.func import functional_call, vmap
 from ablate import fpmode
 from ablate.lr import lr_at
 from ablate.model import build_model
-from ablate.pack_graphs import CAPTURE_ON_CUDA, CapturedSteps, syncs_flagged
+from ablate.pack_graphs import CapturedSteps, capture_enabled, syncs_flagged
 from ablate.pack_optim import STACKED_OPTIMIZERS, FlatParams, PackRefused, StackedAdamW, member_state_dict
 from ablate.probes import PROBE_SEQUENCES, Probes, Stability, measured
 from ablate.rundir import CHECKPOINT, COMPLETED, DIVERGED, METRICS, finite_or_none
@@ -161,7 +161,7 @@ class PackRun:
         self.lr_now = torch.zeros(K, device=self.device)
         self.step_index = torch.zeros((), dtype=torch.int64, device=self.device)
         self.capturing = False
-        self.graphs = CapturedSteps(self) if self.device.type == "cuda" and CAPTURE_ON_CUDA else None
+        self.graphs = CapturedSteps(self) if capture_enabled(self.device) else None
 
     def _probe_layout(self, model) -> None:
         """The lone Probes' layout (parameter order, buckets, block weights) for the flat tensor."""
