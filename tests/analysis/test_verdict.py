@@ -163,9 +163,10 @@ def test_the_engine_on_synthetic_runs_of_every_measure(tmp_path, measure, case):
     if measure in BINARY:
         seeds, post, pre = _binary_case(case)
     else:
-        noise = [0.011, -0.007, 0.004, -0.009]
+        # 6 seeds: the sign test's smallest p (1/2^6) reaches 0.025
+        noise = [0.011, -0.007, 0.004, -0.009, 0.006, -0.003]
         gap = {"agrees": 0.3, "does not agree": -0.3, "too few seeds": 0.004}[case]
-        seeds = (0, 1, 2, 3) if case != "too few seeds" else (0, 1)
+        seeds = tuple(range(6)) if case != "too few seeds" else (0, 1)
         post = [0.5 + gap + noise[s] for s in seeds]
         pre = [0.5 - noise[s] / 2 for s in seeds]
     for s, a, b in zip(seeds, post, pre):
@@ -190,12 +191,12 @@ def verdict_line(verdict):
 
 
 def test_grad_reach_reads_the_embeddings_when_asked(tmp_path):
-    for s in range(3):
+    for s in range(6):
         write_run(tmp_path, POST, s, grad_norms=[[1.0, 0.5 / 10 ** (1 + 0.1 * s)]] * 5)  # grad_norm/embed is 0.5
         write_run(tmp_path, PRE, s, grad_norms=[[1.0, 0.5]] * 5)
     verdict = evaluate(claim_of("grad_reach", params={"phase": "init", "from": "embed"}), tmp_path)
     result = verdict.results[0]
-    assert result.mean_a == pytest.approx(1.1) and result.mean_b == pytest.approx(0.0) and verdict.status == AGREES
+    assert result.mean_a == pytest.approx(1.25) and result.mean_b == pytest.approx(0.0) and verdict.status == AGREES
 
 
 # ------------------------------------------------------------------- the decision rules
@@ -204,8 +205,8 @@ def test_grad_reach_reads_the_embeddings_when_asked(tmp_path):
 def test_a_clause_of_one_clear_and_one_absent_comparison_cannot_tell(tmp_path):
     # post is clearly higher on the loss; the block change does not differ. Intersection-union: the
     # clause cannot tell, and an unrelated measure never makes it "does not agree".
-    noise = [0.01, -0.02, 0.015, -0.005]
-    for s in range(4):
+    noise = [0.01, -0.02, 0.015, -0.005, 0.0, 0.012, -0.01, 0.004]  # 8 seeds: 2 x 1/2^8 <= 0.025
+    for s in range(8):
         _loss_cell(tmp_path, POST, s, 2.8 + noise[s])
         _loss_cell(tmp_path, PRE, s, 2.5)
     verdict = evaluate(claim_with([entry("final_val_loss"), entry("final_val_loss", expect="lower")]), tmp_path)
@@ -234,7 +235,7 @@ def test_intersection_union_takes_the_largest_p_within_a_clause_and_holm_across_
 
 
 def test_the_headline_counts_the_clauses_that_agree(tmp_path):
-    for s in range(4):
+    for s in range(7):  # 7 seeds: 1/2^7 within Holm's levels of up to three clauses
         _loss_cell(tmp_path, POST, s, 2.8 + 0.01 * (-1) ** s)
         _loss_cell(tmp_path, PRE, s, 2.5)
     higher, lower = entry("final_val_loss"), entry("final_val_loss", expect="lower")
@@ -248,19 +249,18 @@ def test_the_headline_counts_the_clauses_that_agree(tmp_path):
     assert evaluate(claim_with([absent]), tmp_path).outcome == "cannot tell (1 of 1)"
 
 
-def test_intervals_from_three_seeds_come_from_the_test_of_their_p_value(tmp_path):
-    gaps = {0: 0.30, 1: 0.05, 2: 0.90}  # a wide spread: p near alpha, the interval near 0
+def test_intervals_come_from_the_test_of_their_p_value(tmp_path):
+    gaps = {0: 0.30, 1: 0.05, 2: 0.90, 3: -0.02, 4: 0.4, 5: 0.2, 6: 0.6, 7: 0.1}  # 7 of 8 the claimed way
     for s, g in gaps.items():
         _loss_cell(tmp_path, POST, s, 2.5 + g)
         _loss_cell(tmp_path, PRE, s, 2.5)
     t = evaluate(claim_of("final_val_loss"), tmp_path).results[0].test
     d = np.array(list(gaps.values()))
-    # one-sided at 0.025: the p of "a - b > 0" and the 95% interval whose low end is its bound
-    reference = scipy_stats.ttest_1samp(d, 0.0, alternative="greater")
-    ci = scipy_stats.ttest_1samp(d, 0.0).confidence_interval(0.95)
-    assert t.p_value == pytest.approx(reference.pvalue) and (t.interval.low, t.interval.high) == pytest.approx(ci)
-    assert (t.interval.low > 0) == (t.p_value < 0.025)  # never a bootstrap [min, max] beside p = 0.12
-    assert t.interval.low < d.min()
+    # the sign test of the median seed: its p and the order statistics that invert it
+    assert t.name == "exact sign test over seeds" and t.estimate == pytest.approx(np.median(d))
+    assert t.p_value == pytest.approx(scipy_stats.binomtest(7, 8, 0.5, alternative="greater").pvalue)
+    assert (t.interval.low > 0) == (t.p_value <= 0.025)  # never an interval beside a p that contradicts it
+    assert t.interval.low == pytest.approx(np.sort(d)[0]) and t.interval.high == pytest.approx(np.sort(d)[-1])
 
 
 def test_a_pair_with_one_arm_diverged_is_counted_at_the_failed_score_not_dropped(tmp_path):
@@ -339,7 +339,7 @@ def test_best_rate_selection_on_synthetic_curves_scores_failed_cells():
 
 def test_non_inferiority_passes_for_the_better_arm_and_fails_for_a_worse_one(tmp_path):
     def run(root, gap):
-        for s in range(4):
+        for s in range(6):
             _loss_cell(root, POST, s, 2.5 + gap + 0.003 * (-1) ** s)
             _loss_cell(root, PRE, s, 2.5)
         return evaluate(claim_with([entry("final_val_loss", expect="not_higher", margin=0.03)]), root)
@@ -375,7 +375,7 @@ def test_a_step_0_measure_without_its_step_0_row_counts_the_seed_missing(tmp_pat
 
 
 def test_gain_per_param_and_basin_width(tmp_path):
-    for s in range(3):
+    for s in range(6):
         for ratio, loss, params in ((2.0, 2.6, 2e6), (4.0, 2.4, 3e6), (8.0, 2.35, 5e6)):
             noise = {2.0: 0.0, 4.0: 0.004 * s, 8.0: 0.003 * s * s}[ratio]
             run = write_run(tmp_path / "mlp", PRE, s, options={"mlp_ratio": ratio}, val_loss=loss + noise)
@@ -385,8 +385,8 @@ def test_gain_per_param_and_basin_width(tmp_path):
     verdict = evaluate(claim, tmp_path / "mlp")
     result = verdict.results[0]
     # 2 -> 4 gains 0.2 - 0.004 s nats per 1M parameters, 4 -> 8 gains (0.05 + 0.004 s - 0.003 s^2) / 2.
-    assert result.mean_b == pytest.approx(np.mean([0.2 - 0.004 * s for s in range(3)]))
-    assert result.mean_a == pytest.approx(np.mean([(0.05 + 0.004 * s - 0.003 * s * s) / 2 for s in range(3)]))
+    assert result.mean_b == pytest.approx(np.mean([0.2 - 0.004 * s for s in range(6)]))
+    assert result.mean_a == pytest.approx(np.mean([(0.05 + 0.004 * s - 0.003 * s * s) / 2 for s in range(6)]))
     assert verdict.status == AGREES
 
     for s in range(3):
