@@ -35,12 +35,14 @@ The rules (analysis/decide.py and analysis/sequential.py apply them):
               (stats.ONE_SIDED_ALPHA, half the usual two-sided 0.05) unless the claim sets its
               own `alpha`; the interval is the two-sided 1 - 2 alpha interval of the same test,
               each end the one-sided bound its test uses.
-  the tests   continuous measures: the one-sided t-test over seeds (Student 1908); failure
-              measures: the exact sign test over seeds (Conover 1999, Practical Nonparametric
-              Statistics, 3.4), whose smallest p at n seeds is 1/2^n, so below
-              ceil(log2(1/alpha)) seeds (6 at 0.025) it cannot decide: the claim's check against
-              its grid flags such a clause ("cannot decide with 3 seeds; needs at least 6");
-              an exact count (a parameter count) decides without a test.
+  the tests   every sampled measure: the exact sign test over seeds (Conover 1999, Practical
+              Nonparametric Statistics, 3.4), about the median seed (a continuous measure's
+              a - b, a failure measure's share of failed cells): valid however skewed the seeds'
+              values, which no test of a mean is at 6-12 seeds (decide.py's docstring has the
+              figures). Its smallest p at n seeds is 1/2^n, so below ceil(log2(1/alpha)) seeds
+              (6 at 0.025) it cannot decide: the claim's check against its grid flags such a
+              clause ("cannot decide with 3 seeds; needs at least 6"); an exact count (a
+              parameter count) decides without a test.
   effect      every clause comparison declares `effect`, its smallest effect of interest in the
               measure's unit (for an exact count, a fraction of b), and the claim file says why
               that size. "Agrees" needs the effect shown beyond 0 the claimed way and says whether
@@ -63,19 +65,22 @@ The rules (analysis/decide.py and analysis/sequential.py apply them):
               does not agree when any comparison is futile, with the smallest futility p times the
               clause's comparisons (Bonferroni: any one of them can make that verdict). Of the two
               (at most one of their nulls is true) the smaller p is the clause's.
-  clauses     are a family of separately reported results: their p-values are Holm-adjusted
-              together (Holm 1979, Scand. J. Statist. 6, 65-70); in a sequential design the Holm
-              levels are carried to each clause's group-sequential boundaries (graphical Holm,
-              Maurer & Bretz 2013, Stat. Biopharm. Res. 5(4), 311-320). Reports ([[report]]) are
-              shown, unadjusted, never deciding.
+  clauses     are a family of separately reported results: their p-values of "agrees" are
+              Holm-adjusted together (Holm 1979, Scand. J. Statist. 6, 65-70); in a sequential
+              design the Holm levels are carried to each clause's group-sequential boundaries
+              (graphical Holm, Maurer & Bretz 2013, Stat. Biopharm. Res. 5(4), 311-320). Only a
+              clause shown the claimed way passes its share on; futility frees nothing (Bretz et
+              al. 2009, Stat. Med. 28, 586-604). Reports ([[report]]) are shown, unadjusted,
+              never deciding.
   headline    the whole statement is a conjunction: it agrees when every clause is shown at the
               full level, with no correction (intersection-union again). The headline counts every
               outcome: "agrees (n of n)", "agrees in part (k agree, m do not, r cannot tell)",
               "does not agree (m of n, r cannot tell)", "cannot tell (n of n)".
-  sequential  `ablate reproduce --decide` adds seeds in looks (sequential.LOOKS: 3, 6, 12, 24)
-              only for undecided clauses; each look's nominal level comes from the Lan-DeMets
-              O'Brien-Fleming alpha-spending function (Lan & DeMets 1983, Biometrika 70(3),
-              659-663) with boundaries from scipy's multivariate normal; futility stops are read
+  sequential  `ablate reproduce --decide` adds seeds in looks (sequential.LOOKS: 3, 6, 12)
+              only for undecided clauses, at the grid's own seeds and then the next integers;
+              each look's nominal level comes from the Lan-DeMets O'Brien-Fleming
+              alpha-spending function (Lan & DeMets 1983, Biometrika 70(3), 659-663) with
+              boundaries by numerical integration (sequential.py); futility stops are read
               on the same repeated confidence bounds (Jennison & Turnbull 1989, JRSS B 51(3),
               305-361), non-binding. So the error rate holds however many looks are taken.
   cannot tell says what the data exclude (the interval's ends) and about how many seeds would

@@ -462,6 +462,10 @@ def power_lines(claim: Claim, looks: tuple) -> list[str]:
         first = [power(e, claim.alpha / m, looks) for e in POWER_AT]
         full = [power(e, claim.alpha, looks) for e in POWER_AT]
         what = "; ".join(dict.fromkeys(decide.ESTIMANDS[k] for k in kinds if k != "exact"))
+        if not any(full):
+            lines.append(head + f"exact sign test of {what}, {plan}{fresh}: cannot decide at so few seeds (its "
+                         f"smallest p, 1/2^n, is over one-sided {claim.alpha:g}): power 0; it describes")
+            continue
         lines.append(head + f"exact sign test of {what}, {plan}{fresh}; power when the true effect equals the effect "
                      f"of interest at {' / '.join(f'{e:g}' for e in POWER_AT)} sd of the seeds' spread: "
                      f"{' / '.join(f'{p:.2f}' for p in first)} at one-sided {claim.alpha / m:.3g} (Holm's first step), "
