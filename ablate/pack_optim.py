@@ -37,8 +37,7 @@ class Segment:
 
 class FlatParams:
     """The members' parameters as rows of one leaf tensor `flat` (K, N). `names`, `shapes` and
-    `offsets` follow the members' optimizer param order (group by group); `lengths` feeds
-    torch.segment_reduce for per-parameter norms."""
+    `offsets` follow the members' optimizer param order (group by group)."""
 
     def __init__(self, models: list[nn.Module], optimizers: list, device):
         named = dict(models[0].named_parameters())  # deduplicated: a tied weight appears once
@@ -66,7 +65,6 @@ class FlatParams:
                 for name, off in zip(self.names, self.offsets):
                     self.flat[k, off:off + params[name].numel()].copy_(params[name].reshape(-1))
         self.flat.requires_grad_(True)
-        self.lengths = torch.tensor([s.numel() for s in self.shapes], device=device).expand(self.k, -1).contiguous()
 
     def views(self, source: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """name -> (K, *shape) view of `source` (the flat leaf: gradients flow back into it)."""
@@ -91,8 +89,13 @@ class FlatParams:
                     module._parameters[name] = fresh[id(p)]
 
     def param_norms_sq(self, source: torch.Tensor) -> torch.Tensor:
-        """(K, P) squared L2 norm of each parameter of each member, in `names` order, one op."""
-        return torch.segment_reduce(source.float().square(), "sum", lengths=self.lengths, axis=1)
+        """(K, P) squared L2 norm of each parameter of each member, in `names` order: one
+        reduction per parameter over all members, each a full parallel reduction on a GPU
+        (torch.segment_reduce would be one op, but its speed and syncs on long segments on CUDA
+        are unmeasured here)."""
+        norms = [torch.linalg.vector_norm(source[:, off:off + _numel(shape)], dim=1, dtype=torch.float32)
+                 for off, shape in zip(self.offsets, self.shapes)]
+        return torch.stack(norms, dim=1).square()
 
 
 class PackRefused(ValueError):

@@ -5,7 +5,7 @@ Each member is what its cell is alone: built and resumed by ablate/train.py's ow
 fixes its weights, its (seed, step) its batches), its own rates, optimizer state, divergence stop,
 probes, metrics rows, checkpoint and summary in its own run folder, in today's format. What
 differs from a lone run is float32 reordering only: the batched matmuls, the per-parameter norms
-(one segment_reduce instead of _foreach_norm) and the optimizer's arithmetic round differently, so
+(a norm per parameter over all members instead of one _foreach_norm) and the optimizer's arithmetic round differently, so
 a member agrees with its lone run to about 1e-5 relative after 50 steps, not bit for bit (tested:
 tests/ablate/test_pack_train.py). A pack is bitwise repeatable itself.
 
