@@ -87,11 +87,14 @@ def group_packs(cells: list[Cell], stack: int | str) -> list[list[Cell]]:
     if stack == STACK_OFF:
         return [[c] for c in cells]
     groups: dict[str, list[list[Cell]]] = {}
+    limits: dict[str, int] = {}
     order: list[list[Cell]] = []
     for cell in cells:
-        chunks = groups.setdefault(pack_key(cell), [])
-        limit = stack if stack != STACK_AUTO else auto_members(cell)
-        if not chunks or len(chunks[-1]) >= limit:
+        key = pack_key(cell)
+        chunks = groups.setdefault(key, [])
+        if key not in limits:  # auto: measured once per kind of cell
+            limits[key] = stack if stack != STACK_AUTO else auto_members(cell)
+        if not chunks or len(chunks[-1]) >= limits[key]:
             chunks.append([])
             order.append(chunks[-1])
         chunks[-1].append(cell)

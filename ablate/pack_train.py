@@ -167,6 +167,7 @@ class PackRun:
         """The lone Probes' layout (parameter order, buckets, block weights) for the flat tensor."""
         cfg = self.cfg
         self.probes = Probes(model) if cfg.probes else None
+        self.vmap_probes = True
         if self.probes is None:
             return
         order = [n for n, p in model.named_parameters() if p.requires_grad]
@@ -254,20 +255,32 @@ class PackRun:
         sq = norms_sq[:, self.to_model_order]
         per_bucket = torch.zeros(K, self.n_buckets, device=sq.device).index_add_(1, self.probes.bucket, sq)
         act_rms = acts.float() * (tokens * self.skeleton.size.d_model) ** -0.5
-        rows = []
-        for k in range(K):  # a registered probe sees one member's inputs, shaped as in a lone run
-            ns = SimpleNamespace(grad_sq=sq[k], bucket_sq=per_bucket[k], kinds_sq=per_bucket[k, 1:-1].view(nl, 3),
-                                 act_rms=act_rms[k])
-            rows.append(torch.cat(measured("logged", ns)))
-        return torch.stack(rows)
+
+        def member(grad_sq, bucket_sq, rms):  # a registered probe sees one member's inputs, as in a lone run
+            return torch.cat(measured("logged", SimpleNamespace(grad_sq=grad_sq, bucket_sq=bucket_sq,
+                                                                kinds_sq=bucket_sq[1:-1].view(nl, 3), act_rms=rms)))
+        return self._per_member(member, sq, per_bucket, act_rms)
 
     def _update_parts(self, before: torch.Tensor) -> torch.Tensor:
         """(K, L) update ratios: |update| / |weights before it| per block, per member."""
         weight_sq = self.flat.param_norms_sq(before)[:, self.block_index]
         update_sq = self.flat.param_norms_sq(before - self.flat.flat.detach())[:, self.block_index]
-        return torch.stack([torch.cat(measured("update", SimpleNamespace(
-            update_sq=update_sq[k], weight_sq=weight_sq[k], block_layer=self.probes.block_layer,
-            n_layer=self.probes.n_layer))) for k in range(len(self.members))])
+
+        def member(u, w):
+            return torch.cat(measured("update", SimpleNamespace(update_sq=u, weight_sq=w, n_layer=self.probes.n_layer,
+                                                                block_layer=self.probes.block_layer)))
+        return self._per_member(member, update_sq, weight_sq)
+
+    def _per_member(self, fn, *inputs: torch.Tensor) -> torch.Tensor:
+        """fn over the members' rows of `inputs`, stacked: under vmap (a few ops for the whole
+        pack), or member by member once a registered probe turns out not to run under vmap (a
+        plugin's; decided at the first logged step, so a resumed run decides alike)."""
+        if self.vmap_probes:
+            try:
+                return vmap(fn)(*inputs)
+            except Exception:  # noqa: BLE001  (whatever a plugin's probe raises under vmap)
+                self.vmap_probes = False
+        return torch.stack([fn(*(t[k] for t in inputs)) for k in range(len(self.members))])
 
     @torch.no_grad()
     def evaluate(self, batches: int) -> torch.Tensor:
