@@ -26,7 +26,8 @@ import numpy as np
 import pandas as pd
 
 from ablate.analysis.load import Runs, layer_columns
-from ablate.analysis.outcomes import FAILED, PLATEAU_MARGIN, outcome_of, plateaued, scored_loss  # noqa: F401
+from ablate.analysis.outcomes import (FAILED, PLATEAU_MARGIN, failure_kind, outcome_of, plateaued,  # noqa: F401
+                                      scored_loss)
 from ablate.rundir import COMPLETED, DIVERGED
 from ablate.rundir import FAILED as STATUS_FAILED
 
@@ -131,7 +132,8 @@ def _init_loss(steps: pd.DataFrame) -> float:
 def cell_metrics(runs: Runs, last_k: int = DEFAULT_LAST_K, spike_z: float = DEFAULT_SPIKE_Z,
                  spike_window: int = DEFAULT_SPIKE_WINDOW) -> pd.DataFrame:
     """One row per cell: the cells frame plus final_loss, final_val_loss, init_loss, plateau,
-    outcome and scored_loss (analysis/outcomes.py), spikes, max_grad_norm, grad_ratio_{phase},
+    outcome, failure (dead, slow or diverged) and scored_loss (analysis/outcomes.py), spikes,
+    max_grad_norm, grad_ratio_{phase},
     grad_cv_{phase}, rms_growth, rms_growth_per_layer."""
     grad_columns = layer_columns(runs.steps, "grad_norm")
     act_columns = layer_columns(runs.steps, "act_norm")
@@ -153,6 +155,7 @@ def cell_metrics(runs: Runs, last_k: int = DEFAULT_LAST_K, spike_z: float = DEFA
         row["plateau"] = cell.status == COMPLETED and plateaued(row["final_val_loss"], entropy)
         row["outcome"] = outcome_of(cell.status, row["final_val_loss"], entropy)
         row["scored_loss"] = scored_loss(row["outcome"], row["final_val_loss"], entropy, row["init_loss"])
+        row["failure"] = failure_kind(row["outcome"], steps)  # dead, slow or diverged; None: it trained
         row["spikes"] = int(spike_mask(losses, spike_z, spike_window).sum())
         if "grad_norm" in steps:
             grad = steps["grad_norm"].to_numpy(dtype=float)
@@ -166,7 +169,8 @@ def cell_metrics(runs: Runs, last_k: int = DEFAULT_LAST_K, spike_z: float = DEFA
             row["rms_growth"] = float(rms[-1] / rms[0]) if rms[0] > 0 else float("nan")
             row["rms_growth_per_layer"] = float(row["rms_growth"] ** (1 / (len(act_columns) - 1)))
         rows.append(row)
-    metric_columns = ["final_loss", "final_val_loss", "init_loss", "plateau", "outcome", "scored_loss", "spikes",
+    metric_columns = ["final_loss", "final_val_loss", "init_loss", "plateau", "outcome", "failure", "scored_loss",
+                      "spikes",
                       "max_grad_norm",
                       *[f"grad_{kind}_{phase}" for phase in PHASES for kind in ("ratio", "cv")],
                       "rms_growth", "rms_growth_per_layer"]

@@ -80,3 +80,12 @@ def test_diverged_and_trained_runs_keep_their_own_words(tmp_path):
 
 def test_no_logged_gradients_is_never_dead():
     assert failure_kind(PLATEAUED, pd.DataFrame({"step": [0, 1], "loss": [5.0, 3.3]})) == SLOW
+
+
+def test_cell_metrics_carries_the_failure_kind_beside_the_outcome(tmp_path):
+    write_run(tmp_path, seed=0, losses=PLATEAU, n_layer=2, unigram_entropy=ENTROPY, grad_norms=[[1e-12, 1.0]] * 5)
+    write_run(tmp_path, seed=1, losses=PLATEAU, n_layer=2, unigram_entropy=ENTROPY, grad_norms=[[0.5, 1.0]] * 5)
+    write_run(tmp_path, seed=2, losses=[5.0, 3.0, 2.2, 2.1, 2.0], n_layer=2, unigram_entropy=ENTROPY)
+    metrics = cell_metrics(load_runs(tmp_path)).sort_values("seed")
+    assert metrics["outcome"].tolist() == [PLATEAUED, PLATEAUED, TRAINED]
+    assert metrics["failure"].tolist()[:2] == [DEAD, SLOW] and pd.isna(metrics["failure"].iloc[2])
