@@ -14,7 +14,8 @@ from ablate.cell import Cell, run_cell
 from ablate.pack import run_pack
 from ablate.pack_optim import PackRefused
 from ablate.train import plan_run
-from ablate.variants import ACTIVATIONS
+from ablate.variants import ACTIVATIONS, INITS
+from ablate.variants.inits import gpt2
 
 # Tiny and fast: 2 blocks of width 32, every step logged, stability probes every 10th.
 OPTIONS = {"model": "tiny", "layers": 2, "width": 32, "batch_size": 2, "seq_len": 16, "eval_every": 25,
@@ -32,6 +33,17 @@ TIMING = ("time_s", "tokens_per_s", "wall_time_s")
 MISH = "mish_pack_test"
 if MISH not in ACTIVATIONS:  # a plugin's activation, registered as a plugin file registers it
     ACTIVATIONS.register(MISH, lambda x: x * torch.tanh(torch.nn.functional.softplus(x)), origin="tests")
+
+
+HALF_INIT = "gpt2_half_pack_test"
+if HALF_INIT not in INITS:  # a plugin's init: each member is built by it, with its own seed
+    def _gpt2_half(model):
+        gpt2(model)
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() >= 2:
+                    p.mul_(0.5)
+    INITS.register(HALF_INIT, _gpt2_half, origin="tests")
 
 
 class _NoVmap(torch.autograd.Function):  # the old style: functorch cannot batch it
@@ -195,8 +207,8 @@ def test_a_packed_cell_resumes_alone_and_lone_cells_join_a_pack(alone, packed, t
         assert_agree(alone / c.id, tmp_path / "l" / c.id)
 
 
-def test_a_plugin_variant_packs(tmp_path):
-    plugin = cells(act=MISH)
+def test_a_plugin_variant_and_init_pack(tmp_path):
+    plugin = cells(act=MISH, init=HALF_INIT)
     lone(tmp_path / "lone", plugin[:2])
     pack(tmp_path / "pack", plugin[:2])
     for c in plugin[:2]:
