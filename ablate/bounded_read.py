@@ -145,11 +145,9 @@ def parse_json(data: bytes | str, top: type | tuple[type, ...] | None = dict, fi
     of a JSON-lines file, or a payload that is no file of its own. finite=False lets NaN and
     Infinity through (metrics rows an older version wrote), never deep nesting."""
     try:
-        value = json.loads(data, parse_int=_int, **({"parse_constant": _no_constant} if finite else {}))
+        value = json.loads(data)  # NaN, Infinity and 1e999 parse: _check_values names where they sit
     except RecursionError:
         raise _Refused(f"nested deeper than {MAX_DEPTH} levels") from None
-    except _Refused:
-        raise
     except UnicodeDecodeError as e:
         raise _Refused(_not_utf8(e)) from None
     except ValueError as e:  # JSONDecodeError; an integer of more digits than int() takes
@@ -184,33 +182,34 @@ def sized_lines(f: BinaryIO, limit: int = LINE_BYTES) -> Iterator[tuple[bytes | 
             yield b"".join(pieces), size
 
 
-def _no_constant(name: str) -> Any:
-    raise _Refused(f"holds {name}, which is no finite number")
-
-
-def _int(text: str) -> int:
-    value = int(text)
-    try:
-        float(value)
-    except OverflowError:
-        raise _Refused(f"holds an integer of {len(text.lstrip('-'))} digits, too large for a number") from None
-    return value
-
-
 def _check_values(value: Any, finite: bool = True) -> None:
-    """Refuse nesting deeper than MAX_DEPTH, non-finite floats (1e999 parses as inf) and
-    integers too large for a float, walking the value without recursion."""
-    stack = [(value, 1)]
+    """Refuse nesting deeper than MAX_DEPTH, non-finite floats (NaN, Infinity; 1e999 parses as
+    inf) and integers too large for a float, naming where they sit (`a.lr = nan`), walking
+    the value without recursion. A place is kept as (parent, key) and spelled only if refused."""
+    stack: list = [(value, 1, None)]
     while stack:
-        item, depth = stack.pop()
-        if isinstance(item, (dict, list)):
+        item, depth, where = stack.pop()
+        if isinstance(item, dict):
             if depth > MAX_DEPTH:
                 raise _Refused(f"nested deeper than {MAX_DEPTH} levels")
-            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+            stack.extend((child, depth + 1, (where, key)) for key, child in item.items())
+        elif isinstance(item, list):
+            if depth > MAX_DEPTH:
+                raise _Refused(f"nested deeper than {MAX_DEPTH} levels")
+            stack.extend((child, depth + 1, (where, i)) for i, child in enumerate(item))
         elif finite and isinstance(item, float) and not math.isfinite(item):
-            raise _Refused(f"holds {item}, which is no finite number")
-        elif isinstance(item, int) and abs(item) > sys.float_info.max:  # an exact comparison
-            raise _Refused("holds an integer too large for a number")
+            raise _Refused(f"{_spelled(where)} = {item}, which is no finite number")
+        elif isinstance(item, int) and not isinstance(item, bool) and abs(item) > sys.float_info.max:
+            raise _Refused(f"{_spelled(where)} is an integer too large for a number")
+
+
+def _spelled(where) -> str:
+    """`a.b[2].c` for a place kept as nested (parent, key) pairs; `the value` at the top."""
+    parts = []
+    while where is not None:
+        where, key = where
+        parts.append(f"[{key}]" if isinstance(key, int) else f".{key}")
+    return "".join(reversed(parts)).lstrip(".") or "the value"
 
 
 def _not_utf8(e: UnicodeDecodeError) -> str:

@@ -190,3 +190,23 @@ def test_a_small_file_is_read_without_setting_its_cap_aside(tmp_path):
     finally:
         tracemalloc.stop()
     assert peak < 1 << 20, peak
+
+
+@pytest.mark.parametrize("text, said", [('{"a": {"lr": NaN}}', "a.lr = nan, which is no finite number"),
+                                        ('{"a": [1, 2, 1e999]}', "a[2] = inf, which is no finite number"),
+                                        ("-Infinity", "the value = -inf"),
+                                        ('{"n": ' + "9" * 400 + "}", "n is an integer too large for a number")])
+def test_a_number_that_is_not_finite_is_named_where_it_sits(text, said, tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text(text)
+    with pytest.raises(UnreadableFile) as e:
+        read_json(path, top=None)
+    assert said in str(e.value)
+
+
+def test_metrics_rows_may_hold_nan_where_the_caller_allows_it():
+    from ablate.bounded_read import parse_json
+
+    assert parse_json(b'{"step": 1, "loss": NaN}', finite=False)["step"] == 1
+    with pytest.raises(ValueError, match="nested deeper"):
+        parse_json("[" * 5000 + "]" * 5000, top=None, finite=False)
