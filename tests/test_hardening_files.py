@@ -332,3 +332,13 @@ def test_a_run_file_nested_thousands_deep_is_named_and_left_out_by_the_reader(na
     said = [str(w.message) for w in caught if name in str(w.message)]
     assert len(said) == 1 and "\n" not in said[0], said
     assert len(loaded.cells) == (1 if name in ("config.json", "summary.json") else 2)
+
+
+@pytest.mark.parametrize("kind", ["a FIFO", "a folder"])
+def test_a_claim_file_that_is_not_a_regular_file_is_refused_for_what_it_is(kind, tmp_path):
+    """Not 'does not exist': the name is there, and is no file to read."""
+    path = tmp_path / "claim.toml"
+    fifo_at(path) if kind == "a FIFO" else path.mkdir()
+    done = child(["reproduce", str(path), "--dry-run"], tmp_path, timeout=FAST)
+    assert done.returncode == 2, done.stderr
+    assert str(path) in one_line(done.stderr) and f"{kind}, not a regular file" in done.stderr

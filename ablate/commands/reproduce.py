@@ -105,7 +105,7 @@ def find_claim(name: str):
     if name.endswith(".toml"):
         from ablate.analysis.claims import ClaimError, load_claim
 
-        if not Path(name).is_file():
+        if not Path(name).exists():  # a FIFO, a device or a folder is load_claim's to refuse, for what it is
             raise ConfigError(f"claim file {name!r} does not exist; valid: a claim TOML file or a shipped claim "
                               f"({', '.join(shipped_claims())})")
         try:
