@@ -11,6 +11,7 @@ from ablate.analysis.claim_checks import CLAUSE_LETTERS as LETTERS  # a claim ha
 from ablate.analysis.claims import Claim
 from ablate.analysis.decide import SPREAD_UPPER_LEVEL
 from ablate.analysis.outcomes import SCORING_RULE
+from ablate.analysis.rate_choice import CHOSEN_NOT_BEST, near_text
 from ablate.analysis.safe_files import replace_atomic
 from ablate.analysis.stats import ONE_SIDED_ALPHA
 from ablate.analysis.verdict import (CANNOT_TELL, CORRECTION, ClauseResult, Result, Verdict, evaluate,
@@ -118,6 +119,7 @@ def _side_notes(r: Result) -> list[str]:
             notes.append(f"{len(missing)} unit(s) of {side} have no value and are counted missing ({named})")
     if r.edge:
         notes.append("**best lr at the edge of the sweep**")
+    notes += [near_text(side, r.near[side]) for side in ("a", "b") if r.near.get(side)]
     return notes
 
 
@@ -153,7 +155,8 @@ def clause_line(i: int, c: ClauseResult) -> str:
         if excluded:
             line += f"; {'; '.join(excluded)}"
     edges = [r for r in c.results if r.edge]
-    return line + ("; best lr at the edge of the sweep" if edges and "edge" not in line else "")
+    line += "; best lr at the edge of the sweep" if edges and "edge" not in line else ""
+    return line + (f"; {CHOSEN_NOT_BEST}" if any(r.near for r in c.results) else "")
 
 
 def verdict_section(verdict: Verdict, plots: dict | None = None) -> str:
@@ -213,7 +216,8 @@ def as_dict(verdict: Verdict) -> dict:
                 "n_seeds": r.n_seeds, "per_seed": list(r.seed_values), "test_unit": "seed",
                 "p_beyond": t.p_beyond if t else None, "p_futile": t.p_futile if t else None,
                 "effect": r.compare.effect, "best_lr": {s: [[w, lr, e] for w, lr, e in p] for s, p in r.best.items()},
-                "outcomes": r.outcomes, "missing": {s: len(m) for s, m in r.missing.items()}, "note": r.note}
+                "outcomes": r.outcomes, "missing": {s: len(m) for s, m in r.missing.items()}, "note": r.note,
+                "near_rates": {s: [list(x) for x in v] for s, v in r.near.items()}}
 
     return {"claim": verdict.claim.name, "verdict": verdict.text(), "status": verdict.status, "unit": "seed",
             "alpha": verdict.claim.alpha,

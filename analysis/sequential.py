@@ -14,19 +14,31 @@ because each look tests at its own nominal level, from an alpha-spending functio
                 the Brownian motion the statistic follows across looks (the recursion of Armitage,
                 McPherson & Rowe 1969, with scipy.stats.norm), not simulated.
     each test   turns its one-sided p-value at a look into the statistic z = Phi^-1(1 - p) and is
-                compared with c_k: equivalently, p <= nominal_k = 1 - Phi(c_k). A t-test over n
-                seeds or an exact sign test is not exactly the Brownian motion the boundaries
-                assume; tests/analysis/test_sequential.py simulates each kind under the null to hold the
-                false-decision rate at alpha.
+                compared with c_k: equivalently, p <= nominal_k = 1 - Phi(c_k). Every sampled
+                kind is the exact sign test about the median seed (analysis/decide.py: valid under
+                the skew failed runs make); it is not exactly the Brownian motion the boundaries
+                assume, and tests/analysis/test_sequential.py simulates the whole loop (2 and 4
+                clauses of mixed kinds, effects of interest 0.5-1.5 sd, skewed nulls, a failure
+                share at its bound) to hold the family-wise false "agrees" at alpha.
     futility    "does not agree: no effect as large as X" when the test of "short of X" crosses the
                 same boundary: the repeated confidence bound (Jennison & Turnbull 1989) excludes X.
                 Non-binding: the efficacy boundaries ignore it, so stopping early for futility never
                 raises the chance of a false "agrees".
     clauses     Holm across clauses carried to sequential boundaries (graphical Holm, Maurer &
-                Bretz 2013): each undecided clause runs at alpha / (clauses not yet decided); a
-                decision frees its share, and the others' boundaries at every look are recomputed
-                at the larger level (a past look may then decide). The headline conjunction runs
-                every clause at the full alpha (intersection-union: no correction).
+                Bretz 2013): each clause runs at alpha / (clauses not yet rejected); a clause
+                shown the claimed way (rejected, even if also found smaller than claimed) frees
+                its share, and the others' boundaries at every look are recomputed at the larger
+                level (a past look may then decide). A futility stop rejects nothing and frees
+                nothing (Bretz et al. 2009): freeing it gave 0.061 false "agrees" for four null
+                clauses. The headline conjunction runs every clause at the full alpha
+                (intersection-union: no correction).
+    seeds       a look of n seeds reads the first n of the grid's own seeds and then the integers
+                after the largest (a best-rate clause: of those after its sweep's seeds).
+    more looks  `continued` keeps the boundaries of looks already read and spends what is left
+                over added looks (`decide_results(..., kept_from=(old looks, looks read))`); a
+                finished plan has nothing left. `fixed_after_decide` is what a fixed design over
+                seeds a plan has judged does to the error rate. `power` states, before training,
+                a clause's chance of "agrees" at its effect of interest.
 
 Nothing is stored: the decision is recomputed from the run directories at every call (the first
 LOOKS[k] seeds of each clause, in seed order), so a killed and resumed `--decide` gives the same
@@ -46,6 +58,7 @@ from scipy import stats as scipy_stats
 from ablate.analysis import decide
 from ablate.analysis.claim_checks import CLAUSE_LETTERS
 from ablate.analysis.claim_report import waiting
+from ablate.analysis.rate_choice import CHOSEN_NOT_BEST
 from ablate.analysis.claim_measures import MEASURES, Context
 from ablate.analysis.claims import Claim, Clause
 from ablate.analysis.verdict import (AGREES, CANNOT_TELL, DISAGREES, SMALLER, SWEEP_SEEDS, Result, compare, headline,
@@ -194,12 +207,14 @@ def _units(results: list[Result]) -> int:
     return min((r.n_seeds for r in results), default=0)
 
 
-def clause_looks(results: list[Result], level: float, looks: tuple = LOOKS) -> list[Look]:
+def clause_looks(results: list[Result], level: float, looks: tuple = LOOKS, kept_from: tuple | None = None) -> list[Look]:
     """The clause's looks up to and including its first decision, at one-sided `level`."""
     if results and all(r.kind == "exact" for r in results):
         return [_exact_look(results)]
     n_have, out = _units(results), []
-    nominal, cs = nominal_levels(float(level), tuple(looks)), boundaries(tuple(looks), float(level))
+    # kept_from (an earlier plan's looks, how many of them were read): a planned continuation
+    nominal = nominal_levels(float(level), tuple(looks), kept_from)
+    cs = continued(*kept_from, tuple(looks), float(level)) if kept_from else boundaries(tuple(looks), float(level))
     for k, n in enumerate(looks):
         if n > n_have:
             break
@@ -261,7 +276,7 @@ def _clause_json(c: ClauseDecision) -> dict:
                        "nominal_level": lk.nominal_level, "estimate": lk.estimate, "p_value": lk.p_value,
                        "p_futile": lk.p_futile, "outcome": lk.outcome, "shown": lk.shown} for lk in c.looks],
             "estimand": c.estimand, "smaller_than_claimed": c.status == DISAGREES and bool(c.looks) and c.looks[-1].shown,
-            "waits_for": c.waits_for}
+            "waits_for": c.waits_for, "chosen_not_best": any(r.near for r in c.results)}
 
 
 def _finite(x: float | None) -> float | None:
@@ -269,7 +284,7 @@ def _finite(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
-def decide_claim(claim: Claim, source, metrics=None, looks: tuple = LOOKS) -> Decision:
+def decide_claim(claim: Claim, source, metrics=None, looks: tuple = LOOKS, kept_from: tuple | None = None) -> Decision:
     """The claim's sequential decision from a grid folder or loaded Runs (see the module docstring)."""
     from ablate.analysis.load import Runs, load_runs
     from ablate.analysis.metrics import cell_metrics
@@ -278,7 +293,7 @@ def decide_claim(claim: Claim, source, metrics=None, looks: tuple = LOOKS) -> De
     ctx = Context(runs, metrics if metrics is not None else cell_metrics(runs))
     results = [[compare(ctx, c, claim.alpha, claim.first_step_level) for c in clause.compare]
                for clause in claim.clauses]
-    return decide_results(claim, results, looks)
+    return decide_results(claim, results, looks, kept_from)
 
 
 def graphical_holm(m: int, alpha: float, looks_of) -> tuple[dict, set]:
@@ -297,16 +312,17 @@ def graphical_holm(m: int, alpha: float, looks_of) -> tuple[dict, set]:
         rejected |= newly
 
 
-def decide_results(claim: Claim, results: list[list[Result]], looks: tuple = LOOKS) -> Decision:
+def decide_results(claim: Claim, results: list[list[Result]], looks: tuple = LOOKS,
+                   kept_from: tuple | None = None) -> Decision:
     """Graphical Holm over the clauses' sequential paths; the conjunction at the full level.
     Only a clause whose "agrees" crossed its boundary (it may also have been found smaller than
     claimed) passes its share of alpha on; a clause stopped for futility keeps its share locked:
     futility rejects no hypothesis of the family (Bretz et al. 2009; Maurer & Bretz 2013)."""
     m = len(claim.clauses)
-    paths, rejected = graphical_holm(m, claim.alpha, lambda j, level: clause_looks(results[j], level, looks))
+    paths, rejected = graphical_holm(m, claim.alpha, lambda j, level: clause_looks(results[j], level, looks, kept_from))
     levels = {j: paths[j][-1].level if paths[j] else claim.alpha / max(1, m - len(rejected)) for j in range(m)}
     clauses = [_clause_decision(j, claim.clauses[j], results[j], paths[j], levels[j], looks) for j in range(m)]
-    full = [clause_looks(results[j], claim.alpha, looks) for j in range(m)]
+    full = [clause_looks(results[j], claim.alpha, looks, kept_from) for j in range(m)]
     conjunction = all(p and p[-1].outcome == AGREES for p in full)
     return Decision(claim, clauses, headline([c.status for c in clauses], conjunction), conjunction, tuple(looks))
 
@@ -319,7 +335,7 @@ def _clause_decision(j: int, clause: Clause, results: list[Result], path: list[L
     c = ClauseDecision(CLAUSE_LETTERS[j], clause.label, status, status != CANNOT_TELL, "", path, level, shown, rates=rates,
                        estimand="; ".join(dict.fromkeys(decide.ESTIMANDS[r.kind] for r in results)))
     c.waits_for = waiting(shown, path[-1].nominal_level) if path and status == CANNOT_TELL else []
-    c.why = _why(c, results, looks)
+    c.why = _why(c, results, looks) + (f"; {CHOSEN_NOT_BEST}" if any(r.near for r in results) else "")
     if not c.decided:
         have = _units(results)
         later = [n for n in looks if n > max(have, path[-1].n_seeds if path else 0)]

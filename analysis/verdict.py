@@ -20,6 +20,7 @@ from ablate.analysis.claims import NON_INFERIORITY, Claim, Clause, Compare
 from ablate.analysis.load import Runs, load_runs
 from ablate.analysis.metrics import cell_metrics
 from ablate.analysis.outcomes import OUTCOMES
+from ablate.analysis.rate_choice import near_rates, open_axes
 from ablate.analysis.selection import COLUMN_OF, SelectionError, select
 from ablate.analysis.stats import ONE_SIDED_ALPHA, adjust_p_values
 from ablate.rundir import DIVERGED
@@ -75,6 +76,7 @@ class Result:
     seed_values: tuple = ()  # each seed's value of a - b (its cells' mean)
     spread: tuple | None = None  # (sd, df) pooled across comparable cells
     sweep_seeds: tuple = ()  # best rate: the seeds that chose the rates (not tested)
+    near: dict = field(default_factory=dict)  # side -> [(what, chosen lr, a rate within noise, gap)] (rate_choice)
 
     @property
     def n_pairs(self) -> int:
@@ -299,10 +301,11 @@ def compare(ctx: Context, c: Compare, alpha: float, alpha_power: float) -> Resul
         sides = {"a": metrics[select(metrics, c.selector("a"))]}
         if c.b is not None:
             sides["b"] = metrics[select(metrics, c.selector("b"))]
-        best, sweep = {}, ()
+        best, sweep, near = {}, (), {}
         if c.best_lr:
             sweep = sweep_seeds(sides)
             for side in list(sides):
+                near[side] = near_rates(sides[side], open_axes(sides[side], ctx.runs.varying_axes), sweep)
                 sides[side], best[side] = at_best_lr(sides[side], ctx.runs.varying_axes, choose_on=sweep)
         key_axes = pairing_axes(ctx.runs, c, m, *sides.values())
         missing = {side: {} for side in sides}
@@ -317,7 +320,7 @@ def compare(ctx: Context, c: Compare, alpha: float, alpha_power: float) -> Resul
     outcomes = {side: dict(Counter(cells["outcome"])) for side, cells in sides.items()
                 if "outcome" in cells and not (pd.to_numeric(cells.get("planned_steps"), errors="coerce") <= 1).all()}
     base = Result(c, m.unit, tuple(keys), tuple(a[keys]), tuple(b[keys]), None, outcomes, best, missing,
-                  sweep_seeds=tuple(sweep))
+                  sweep_seeds=tuple(sweep), near={side: v for side, v in near.items() if v})
     if not keys:
         none = ("no fresh seeds (seeds beyond the sweep's, at the chosen rates): cannot tell on the seeds that "
                 "chose the rates" if c.best_lr else
@@ -424,7 +427,7 @@ def at_best_lr(cells: pd.DataFrame, varying: list[str], choose_on=None) -> tuple
     With `choose_on` (seeds), the rate is chosen on those seeds' cells alone and the cells kept
     are the OTHER seeds' at that rate: fresh seeds, free of the winner's curse of testing on the
     seeds that chose (tests/analysis/test_decide.py)."""
-    others = [ax for ax in varying if ax not in ("seed", "lr") and ax in cells and cells[ax].nunique(dropna=False) > 1]
+    others = open_axes(cells, varying)
     kept, picks = [], []
     for values, group in (cells.groupby(others, dropna=False, sort=True) if others else [((), cells)]):
         choosing = group if choose_on is None else group[group["seed"].isin(list(choose_on))]

@@ -526,3 +526,19 @@ def test_the_fixed_design_words_an_effect_smaller_than_claimed(tmp_path):
     c = verdict.clauses[0]
     assert c.outcome == DISAGREES and c.shown
     assert "agrees in direction, smaller than claimed: shown beyond 0 the claimed way" in clause_line(0, c)
+
+
+def test_a_planned_continuation_decides_at_its_added_look_only_with_alpha_left():
+    from ablate.analysis.sequential import decide_results
+
+    claim = _claim_of([_entry(effect=0.5)])
+    # 9 of the first 12 seeds the claimed way (p 0.073: no look of (3, 6, 12) decides), 19 of 24 (p 0.0033)
+    d = [1.0] * 9 + [-1.0] * 3 + [1.0] * 10 + [-1.0] * 2
+    results = [[Result(claim.clauses[0].compare[0], "u", seed_values=tuple(d), seed_ids=tuple(range(24)))]]
+    plan = (3, 6, 12, 24)
+    # declared before the old plan's last look (two looks read): look 4 has alpha to spend
+    early = decide_results(claim, results, plan, kept_from=((3, 6, 12), 2)).clauses[0]
+    assert early.status == AGREES and early.looks[-1].n_seeds == 24
+    # after the plan (3, 6, 12) finished, nothing is left: the added look cannot decide
+    late = decide_results(claim, results, plan, kept_from=((3, 6, 12), 3)).clauses[0]
+    assert late.status == CANNOT_TELL and math.isinf(late.looks[-1].boundary)
