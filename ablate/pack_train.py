@@ -32,6 +32,7 @@ from torch.func import functional_call, vmap
 from ablate import fpmode
 from ablate.lr import lr_at
 from ablate.model import build_model
+from ablate.pack import MEMBER_OPTIONS, pack_key
 from ablate.pack_graphs import CapturedSteps, capture_enabled, syncs_flagged
 from ablate.pack_optim import STACKED_OPTIMIZERS, FlatParams, PackRefused, StackedAdamW, member_state_dict
 from ablate.probes import PROBE_SEQUENCES, Probes, Stability, measured
@@ -73,6 +74,8 @@ def refusal(plans: list) -> str | None:
 def train_pack(cells: list, plans: list) -> list[dict]:
     """Train (or resume) `cells` as one pack, each into its plan's run folder; their summaries.
     PackRefused (nothing trained) when they cannot share one; the caller trains them alone."""
+    if len({pack_key(c) for c in cells}) > 1:
+        raise PackRefused(f"members that differ in more than {', '.join(MEMBER_OPTIONS)}")
     why = refusal(plans)
     if why is not None:
         raise PackRefused(why)

@@ -228,8 +228,10 @@ def test_a_variant_vmap_cannot_batch_is_refused_in_one_line_and_trains_alone(tmp
 
 
 def test_a_pack_refuses_what_it_cannot_stack_in_one_line(tmp_path):
-    for options, words in [({"optimizer": "sgd"}, "optimizer 'sgd'"), ({"kernels": "cpu"}, "kernels 'cpu'")]:
-        group = cells(**options, steps=2)[:2]
+    mixed = [cells(steps=2)[0], Cell.from_options({**OPTIONS, "steps": 2, "seed": 1, "width": 16})]
+    for group, words in [(cells(optimizer="sgd", steps=2)[:2], "optimizer 'sgd'"),
+                         (cells(kernels="cpu", steps=2)[:2], "kernels 'cpu'"),
+                         (mixed, "members that differ in more than seed, lr, warmup")]:
         with pytest.raises(PackRefused, match=words) as e:
             pack(tmp_path, group)
         assert "\n" not in str(e.value)
