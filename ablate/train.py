@@ -107,7 +107,9 @@ def plan_run(cell, execution=None, run_dir: str | Path | None = None) -> RunPlan
     device = pick_device(cfg)
     size, data = _size_and_data(cfg)
     check_data_fits(data, cfg.context)
-    ops = get_backend(cfg.kernels, str(device))
+    from ablate.kernels.step_cache import step_shape  # `auto` on a GPU: this step's timings
+
+    ops = get_backend(cfg.kernels, str(device), shape=step_shape(cfg, size, autocast_dtype(cfg, device)))
     if getattr(ops, "interpreted", False):
         _note_interpreted(ops.name, cfg.batch_size * cfg.context)
     plan = RunPlan(cfg, device, autocast_dtype(cfg, device), size, data, ops)
@@ -366,8 +368,9 @@ def check_existing_run(cell, run_dir: str | Path) -> None:
         kernels = recorded_kernels(old)
     elif kernels == "auto":
         from ablate.kernels.select import pick_auto
+        from ablate.kernels.step_cache import step_shape
 
-        kernels = pick_auto(str(device))
+        kernels = pick_auto(str(device), step_shape(cfg, size, autocast_dtype(cfg, device)))
     _refuse_another_run(run_dir, _by_todays_names(old), run_config(cell, cfg, size, data, device, kernels))
     _threads_for(cell, cfg, old, run_dir)
     _flush_for(cell, cfg, old, run_dir)

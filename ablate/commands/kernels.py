@@ -7,6 +7,9 @@ check  runs the parity suite (ablate/kernels/parity.py) for every GPU backend on
        `--backends cpu` checks the `cpu` backend on the ops it has C kernels for, as `auto` does.
 bench  times each op forward and forward + backward for PyTorch eager, torch.compile and the
        kernel backends on the same inputs (ablate/bench/kernel_ops.py; also `ablate bench --only kernels`).
+tune   times whole training steps of one cell's shape per backend on a CUDA device, repeats
+       interleaved, and records them for `--kernels auto` (ablate/kernels/step_tune.py): the
+       only timing auto takes on a GPU.
 """
 from __future__ import annotations
 
@@ -14,6 +17,9 @@ import os
 import sys
 
 GPU_BACKENDS = ("triton", "cuda")
+# The ceilings of tune's counts (a tune is minutes at most; more is a typo).
+TUNE_STEPS, TUNE_STEPS_MAX = 10, 1000
+TUNE_REPEATS, TUNE_REPEATS_MAX = 5, 100
 
 
 def add_arguments(p) -> None:
@@ -37,6 +43,25 @@ def add_arguments(p) -> None:
     b.add_argument("--ops", default=None, help="comma-separated ops (default: all), e.g. act:gelu,layer_norm")
     b.add_argument("--repeats", type=int, default=20, help="timed calls per measurement (median; default 20)")
     b.add_argument("--no-compile", dest="compile", action="store_false", help="skip the torch.compile baseline")
+    _add_tune(sub)
+
+
+def _add_tune(sub) -> None:
+    from ablate.commands.train import add_option_flags
+
+    t = sub.add_parser("tune", help="time whole training steps per backend for --kernels auto (CUDA)",
+                       description="Time whole training steps of the cell the options describe (as `ablate train` "
+                                   "takes them) with reference and each backend that passes its parity check on "
+                                   "this CUDA device, repeats interleaved, and record them in $ABLATE_CACHE/kernels/"
+                                   "step_times.json: `--kernels auto` picks another backend than reference only "
+                                   "where it was measured faster so, on this device, driver and library versions.")
+    add_option_flags(t, skip=("kernels",))
+    t.add_argument("--backends", default=",".join(GPU_BACKENDS), help="comma-separated, of triton, cuda "
+                   "(default: triton,cuda; reference is always timed)")
+    t.add_argument("--timed-steps", type=int, default=TUNE_STEPS,
+                   help=f"whole steps per backend per round (default {TUNE_STEPS}, at most {TUNE_STEPS_MAX})")
+    t.add_argument("--repeats", type=int, default=TUNE_REPEATS,
+                   help=f"interleaved rounds (default {TUNE_REPEATS}, at most {TUNE_REPEATS_MAX})")
 
 
 def _device(arg):
@@ -76,9 +101,11 @@ def _interpret_triton_on_cpu(device: str) -> bool:
 
 
 def run(args) -> int:
-    device = _device(args.device)
+    device = _device(args.device) if args.action != "tune" else None  # tune: the cell's own device option
     if args.action == "check":
         return _check(args, device)
+    if args.action == "tune":
+        return _tune(args)
     return _bench(args, device)
 
 
@@ -166,4 +193,43 @@ def _bench(args, device) -> int:
     print(bench.format_header(copy_bw), flush=True)
     bench.run_bench(cases, loaded, device, use_compile=args.compile, repeats=args.repeats,
                     progress=lambda rs: print(bench.format_case(rs, copy_bw), flush=True))
+    return 0
+
+
+def _count(flag: str, value: int, ceiling: int) -> int:
+    from ablate.errors import ConfigError
+
+    if not 1 <= value <= ceiling:
+        raise ConfigError(f"{flag} {value} is out of range; valid: 1 to {ceiling}")
+    return value
+
+
+def _tune(args) -> int:
+    """Plan the cell as `ablate train` would (on reference), refuse anything but a CUDA device,
+    then time and record (step_tune.tune)."""
+    from ablate.cell import Cell
+    from ablate.commands.train import collect_options
+    from ablate.errors import ConfigError
+    from ablate.kernels import step_tune
+    from ablate.train import plan_run
+
+    steps = _count("--timed-steps", args.timed_steps, TUNE_STEPS_MAX)
+    repeats = _count("--repeats", args.repeats, TUNE_REPEATS_MAX)
+    names = _backend_names(args.backends, ",".join(GPU_BACKENDS))
+    options, _ = collect_options(args)
+    plan = plan_run(Cell.from_options({**options, "kernels": "reference"}))
+    if plan.device.type != "cuda":
+        raise ConfigError(f"ablate kernels tune times steps on a CUDA device, not on {plan.device} (on a CPU `auto` "
+                          "takes `cpu` once it passes its parity check); valid: --device cuda or cuda:N on a machine "
+                          "with a GPU")
+    print(f"ablate kernels tune on {plan.device}: {plan.cfg.size.name} x {plan.cfg.batch_size} x {plan.cfg.context}, "
+          f"{repeats} interleaved rounds of {steps} steps per backend", flush=True)
+    result = step_tune.tune(plan, names, steps, repeats, say=lambda line: print(f"  {line}", flush=True))
+    ref = min(result["seconds"]["reference"])
+    for name, times in result["seconds"].items():
+        best, worst = min(times), max(times)
+        print(f"{name:<10} {best * 1e3:9.2f} ms a step (fastest round; slowest {worst * 1e3:.2f}), "
+              f"{ref / best:.2f}x reference")
+    print(f"--kernels auto on this device, driver and libraries, for this step: {result['choice']} "
+          f"(recorded in {result['path']})")
     return 0

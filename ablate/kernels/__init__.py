@@ -4,9 +4,9 @@ Every backend offers: activation(name, x), gated(gate_act, gate, up), layer_norm
 rms_norm, add_layer_norm, add_rms_norm (residual add fused with the norm after it).
 `reference` is plain PyTorch and always available; `cpu` is reference with the CPU's C kernels
 (GELU, attention; cpu_backend.py); `triton` and `cuda` are registered here by the module that
-defines them, imported (and built) only when asked for. `auto` resolves to the fastest backend
-verified on the device (on a CPU: `cpu`, once it passes the parity suite). A plugin registers its
-own in KERNEL_BACKENDS.
+defines them, imported (and built) only when asked for. `auto` resolves on a CPU to `cpu` once it
+passes the parity suite, on a GPU to `reference` unless another backend was measured faster on
+whole steps of the cell's shape there (select.py). A plugin registers its own in KERNEL_BACKENDS.
 """
 from __future__ import annotations
 
@@ -45,14 +45,15 @@ def kernel_choices() -> list[str]:
     return [*KERNEL_BACKENDS, "auto"]
 
 
-def get_backend(name: str = "reference", device: str = "cpu"):
-    """The backend object for `name` on `device`; `auto` picks per device."""
+def get_backend(name: str = "reference", device: str = "cpu", shape: dict | None = None):
+    """The backend object for `name` on `device`; `auto` picks per device (on a GPU by whole
+    steps of `shape` timed there, step_cache.step_shape; select.py)."""
     if name != "auto" and name not in KERNEL_BACKENDS:
         raise ConfigError(f"unknown kernels {name!r}; valid: {', '.join(kernel_choices())}")
     if name == "auto":
         from ablate.kernels.select import pick_auto
 
-        name = pick_auto(device)
+        name = pick_auto(device, shape)
     if name == "cpu" and not str(device).startswith("cpu"):
         raise ConfigError(f"kernels 'cpu' runs on the CPU only, not on {device}; valid there: "
                           f"{', '.join(k for k in kernel_choices() if k != 'cpu')}")

@@ -48,7 +48,7 @@ def pick_auto(device, shape: dict | None = None) -> str:
     return _CHOICE[cached]
 
 
-def _failed_parity(name: str, backend, device: str, details: dict, quiet: bool = False) -> bool:
+def failed_parity(name: str, backend, device: str, details: dict, quiet: bool = False) -> bool:
     """Run the quick parity suite; record and report a backend that fails or crashes it."""
     from ablate.kernels import parity
 
@@ -79,7 +79,7 @@ def _cpu_choice() -> str:
         with contextlib.ExitStack() as forms:
             for kernel in (cpu_gelu.KERNEL, cpu_attention.KERNEL):
                 forms.enter_context(kernel.using(kernel.best()))
-            failed = _failed_parity("cpu", unchecked(), "cpu", details, quiet=True)
+            failed = failed_parity("cpu", unchecked(), "cpu", details, quiet=True)
         details["choice"] = _CHOICE["cpu"] = "reference" if failed else "cpu"
     return _CHOICE["cpu"]
 
@@ -104,7 +104,7 @@ def _pick_cuda(device: str, shape: dict | None, key: str) -> str:
 
     details: dict = {"parity": {}, "seconds": {}, "skipped": {}}
     AUTO_DETAILS[key] = AUTO_DETAILS[device] = details
-    measured = step_cache.lookup(device, shape) if shape is not None else None
+    measured = step_cache.lookup(step_cache.device_key(device), shape) if shape is not None else None
     choice = "reference"
     if measured is not None:
         details["seconds"] = measured["seconds"]
@@ -125,4 +125,4 @@ def _verified(name: str, device: str, details: dict) -> bool:
         print(f"ablate: kernels {name!r} was measured fastest here but cannot load ({backend}); auto trains "
               "reference", file=sys.stderr)
         return False
-    return not _failed_parity(name, backend, device, details)
+    return not failed_parity(name, backend, device, details)
