@@ -11,8 +11,9 @@ logged (the per-layer probes); the stability probes' steps (every probe_every-th
 Capturing needs warm-up steps first (on a side stream, as torch.cuda.graphs asks), which would
 train: the pack's state is copied before them and restored after, so a captured pack trains the
 same steps as an eager one. Whether a replayed step gives the eager step's bits on a device is
-for the device check (scripts/gpu_check.sh) to show; until it has, capture stays off
-(CAPTURE_ON_CUDA) and the eager step, which already runs without a host sync, is what runs.
+for the device check to show (`python -m ablate.bench.packs --captured` prints the difference);
+until it has, capture stays off (ablate.pack_train.CAPTURE_ON_CUDA) and the eager step, which
+already runs without a host sync, is what runs.
 """
 from __future__ import annotations
 
@@ -23,9 +24,6 @@ from typing import Any
 
 import torch
 
-# Whether a pack on a CUDA device replays captured steps. Off until the device check has compared
-# a captured pack with an eager one (docs/performance.md).
-CAPTURE_ON_CUDA = False
 WARMUP_STEPS = 3  # eager steps on a side stream before a capture (torch.cuda.graphs' advice)
 # torch.cuda.set_sync_debug_mode while a pack's step runs on CUDA: a host sync inside it warns
 # (once per place), where the CPU tests can only count the readbacks (tests/ablate/test_pack_train.py).
@@ -44,11 +42,6 @@ def syncs_flagged(device: torch.device):
         yield
     finally:
         torch.cuda.set_sync_debug_mode(old)
-
-
-def capture_enabled(device: torch.device) -> bool:
-    """Whether a pack on `device` replays captured steps."""
-    return device.type == "cuda" and CAPTURE_ON_CUDA
 
 
 @dataclass

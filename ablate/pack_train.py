@@ -33,7 +33,7 @@ from ablate import fpmode
 from ablate.lr import lr_at
 from ablate.model import build_model
 from ablate.pack import MEMBER_OPTIONS, pack_key
-from ablate.pack_graphs import CapturedSteps, capture_enabled, syncs_flagged
+from ablate.pack_graphs import CapturedSteps, syncs_flagged
 from ablate.pack_optim import STACKED_OPTIMIZERS, FlatParams, PackRefused, StackedAdamW, member_state_dict
 from ablate.probes import PROBE_SEQUENCES, Probes, Stability, measured
 from ablate.rundir import CHECKPOINT, COMPLETED, DIVERGED, METRICS, finite_or_none
@@ -43,10 +43,18 @@ from ablate.train import (CPU_KERNELS, FINAL_LOSS_WINDOW, Interrupted, RunState,
 # N: the host reads a pack's losses, probes and divergence back every N steps (and at each
 # evaluation, checkpoint and the last step). docs/performance.md states it.
 READBACK_EVERY = 10
+# Whether a pack on a CUDA device replays its steps captured in CUDA graphs (ablate/pack_graphs.py).
+# Off until the device check has compared a captured pack with an eager one (docs/performance.md).
+CAPTURE_ON_CUDA = False
 READBACKS = [0]  # host reads so far, in this process (tests count the step's syncs with it)
 # On a CPU, vmap runs scaled_dot_product_attention member by member (torch has no batching rule
 # for its CPU kernel) and warns once a process; the numbers are right, only not batched there.
 warnings.filterwarnings("ignore", message=".*batching rule for aten::_scaled_dot_product", category=UserWarning)
+
+
+def capture_enabled(device: torch.device) -> bool:
+    """Whether a pack on `device` replays captured steps."""
+    return device.type == "cuda" and CAPTURE_ON_CUDA
 
 
 def readback(t: torch.Tensor) -> list:
