@@ -71,7 +71,7 @@ def test_a_rung_grid_scales_every_rate_and_names_itself(tmp_path):
     text = ladder.rung_grid_text(data, rung, find_grid("claim-prenorm-wins"))
     written = tomllib.loads(text)
     assert written["name"] == "claim-prenorm-wins-w32"
-    assert written["axes"]["lr"] == [0.002, 0.02, 0.06] and written["base"]["lr"] == 0.002
+    assert written["axes"]["lr"] == [0.002, 0.004, 0.01, 0.02] and written["base"]["lr"] == 0.002
 
 
 def test_a_rung_leaves_out_the_equal_parameter_cells_and_the_reports_that_read_them():
