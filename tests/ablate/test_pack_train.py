@@ -149,18 +149,18 @@ def test_a_pack_is_bitwise_repeatable_and_a_members_bits_do_not_depend_on_its_pa
 
 
 def test_a_member_that_diverges_is_frozen_there_and_leaves_the_others_unchanged(packed, tmp_path):
-    wild = [*cells()[:2], Cell.from_options({**OPTIONS, "seed": 2, "lr": 1.0, "warmup": 10})]
+    wild = [*cells()[:2], Cell.from_options({**OPTIONS, "seed": 2, "lr": 1.0, "warmup": 30})]
     pack(tmp_path / "pack", wild)
     for c in wild[:2]:  # the same bits as in the pack whose third member trained calmly
         assert untimed(rows(tmp_path / "pack" / c.id)) == untimed(rows(packed / c.id))
         assert read(tmp_path / "pack" / c.id, "summary.json")["status"] == "completed"
     summary = read(tmp_path / "pack" / wild[2].id, "summary.json")
-    assert summary["status"] == "diverged" and summary["diverged_at_step"] == 4
+    assert summary["status"] == "diverged" and summary["diverged_at_step"] == 28  # mid-run, past a probe step
     lone(tmp_path / "lone", wild[2:])  # and the diverged member diverges where it does alone, with the same rows
     alone_rows, packed_rows = rows(tmp_path / "lone" / wild[2].id), rows(tmp_path / "pack" / wild[2].id)
     assert [list(r) for r in alone_rows] == [list(r) for r in packed_rows]
-    assert read(tmp_path / "lone" / wild[2].id, "summary.json")["diverged_at_step"] == 4
-    # (At lr 1.0 float32 reordering grows fast: 2e-4 in a gradient norm by step 4; the first step agrees.)
+    assert read(tmp_path / "lone" / wild[2].id, "summary.json")["diverged_at_step"] == 28
+    # (At lr 1.0 float32 reordering grows fast as it diverges; the first step agrees.)
     assert math.isclose(alone_rows[0]["loss"], packed_rows[0]["loss"], rel_tol=1e-6)
 
 
