@@ -9,12 +9,12 @@ from pathlib import Path
 
 from ablate.analysis.claim_checks import CLAUSE_LETTERS as LETTERS  # a claim has at most these clauses
 from ablate.analysis.claims import Claim
-from ablate.analysis.decide import SPREAD_UPPER_LEVEL
+from ablate.analysis.decide import ESTIMANDS, SPREAD_UPPER_LEVEL
 from ablate.analysis.outcomes import SCORING_RULE
 from ablate.analysis.rate_choice import CHOSEN_NOT_BEST, near_text
 from ablate.analysis.safe_files import replace_atomic
 from ablate.analysis.stats import ONE_SIDED_ALPHA
-from ablate.analysis.verdict import (CANNOT_TELL, CORRECTION, ClauseResult, Result, Verdict, evaluate,
+from ablate.analysis.verdict import (CANNOT_TELL, CORRECTION, DISAGREES, ClauseResult, Result, Verdict, evaluate,
                                      outcome_counts)
 
 VERDICT_JSON = "verdict.json"
@@ -217,13 +217,14 @@ def as_dict(verdict: Verdict) -> dict:
                 "p_beyond": t.p_beyond if t else None, "p_futile": t.p_futile if t else None,
                 "effect": r.compare.effect, "best_lr": {s: [[w, lr, e] for w, lr, e in p] for s, p in r.best.items()},
                 "outcomes": r.outcomes, "missing": {s: len(m) for s, m in r.missing.items()}, "note": r.note,
-                "near_rates": {s: [list(x) for x in v] for s, v in r.near.items()}}
+                "near_rates": {s: [list(x) for x in v] for s, v in r.near.items()}, "estimand": ESTIMANDS[r.kind]}
 
     return {"claim": verdict.claim.name, "verdict": verdict.text(), "status": verdict.status, "unit": "seed",
             "alpha": verdict.claim.alpha,
             "clauses": [{"label": c.clause.label, "sentence": c.clause.sentence, "outcome": c.outcome,
                          "line": clause_line(i, c), "p_value": c.p_value, "p_adjusted": c.p_adjusted,
                          "why": c.why, "p_agree": c.p_agree, "p_futile": c.p_futile,
+                         "smaller_than_claimed": c.outcome == DISAGREES and c.shown,
                          "results": [result(r) for r in c.results]} for i, c in enumerate(verdict.clauses)],
             "reported": [result(r) for r in verdict.reported], "notes": list(verdict.notes)}
 

@@ -207,7 +207,8 @@ def _units(results: list[Result]) -> int:
     return min((r.n_seeds for r in results), default=0)
 
 
-def clause_looks(results: list[Result], level: float, looks: tuple = LOOKS, kept_from: tuple | None = None) -> list[Look]:
+def clause_looks(results: list[Result], level: float, looks: tuple = LOOKS,
+                 kept_from: tuple | None = None) -> list[Look]:
     """The clause's looks up to and including its first decision, at one-sided `level`."""
     if results and all(r.kind == "exact" for r in results):
         return [_exact_look(results)]
@@ -252,6 +253,7 @@ class Decision:
     headline: str
     conjunction: bool  # every clause shown at the full alpha (the headline's "agrees")
     looks: tuple = LOOKS  # the spending plan's looks (seeds)
+    kept_from: tuple | None = None  # a continuation: (the earlier plan's looks, how many were read)
 
     @property
     def done(self) -> bool:
@@ -263,7 +265,9 @@ class Decision:
 
     def to_json(self) -> dict:
         return {"claim": self.claim.name, "headline": self.headline, "done": self.done, "unit": "seed",
-                "alpha": self.claim.alpha, "looks": list(self.looks), "conjunction": self.conjunction,
+                "alpha": self.claim.alpha, "looks": list(self.looks),
+                "continues": [list(self.kept_from[0]), self.kept_from[1]] if self.kept_from else None,
+                "conjunction": self.conjunction,
                 "clauses": [_clause_json(c) for c in self.clauses]}
 
 
@@ -275,7 +279,8 @@ def _clause_json(c: ClauseDecision) -> dict:
                        "futility_statistic": _finite(lk.futility_statistic), "boundary": _finite(lk.boundary),
                        "nominal_level": lk.nominal_level, "estimate": lk.estimate, "p_value": lk.p_value,
                        "p_futile": lk.p_futile, "outcome": lk.outcome, "shown": lk.shown} for lk in c.looks],
-            "estimand": c.estimand, "smaller_than_claimed": c.status == DISAGREES and bool(c.looks) and c.looks[-1].shown,
+            "estimand": c.estimand,
+            "smaller_than_claimed": c.status == DISAGREES and bool(c.looks) and c.looks[-1].shown,
             "waits_for": c.waits_for, "chosen_not_best": any(r.near for r in c.results)}
 
 
@@ -324,7 +329,8 @@ def decide_results(claim: Claim, results: list[list[Result]], looks: tuple = LOO
     clauses = [_clause_decision(j, claim.clauses[j], results[j], paths[j], levels[j], looks) for j in range(m)]
     full = [clause_looks(results[j], claim.alpha, looks, kept_from) for j in range(m)]
     conjunction = all(p and p[-1].outcome == AGREES for p in full)
-    return Decision(claim, clauses, headline([c.status for c in clauses], conjunction), conjunction, tuple(looks))
+    return Decision(claim, clauses, headline([c.status for c in clauses], conjunction), conjunction, tuple(looks),
+                    kept_from)
 
 
 def _clause_decision(j: int, clause: Clause, results: list[Result], path: list[Look], level: float,
@@ -332,7 +338,8 @@ def _clause_decision(j: int, clause: Clause, results: list[Result], path: list[L
     status = path[-1].outcome if path else CANNOT_TELL
     rates = _rates(results)
     shown = tuple(_at_look(r, path[-1]) for r in results) if path else tuple(results)
-    c = ClauseDecision(CLAUSE_LETTERS[j], clause.label, status, status != CANNOT_TELL, "", path, level, shown, rates=rates,
+    c = ClauseDecision(CLAUSE_LETTERS[j], clause.label, status, status != CANNOT_TELL, "", path, level, shown,
+                       rates=rates,
                        estimand="; ".join(dict.fromkeys(decide.ESTIMANDS[r.kind] for r in results)))
     c.waits_for = waiting(shown, path[-1].nominal_level) if path and status == CANNOT_TELL else []
     c.why = _why(c, results, looks) + (f"; {CHOSEN_NOT_BEST}" if any(r.near for r in results) else "")
@@ -489,12 +496,13 @@ def power_lines(claim: Claim, looks: tuple) -> list[str]:
     return lines
 
 
-def plan_power_lines(claim: Claim, grid, decide_looks: bool) -> list[str]:
+def plan_power_lines(claim: Claim, grid, decide_looks) -> list[str]:
     """`ablate reproduce` prints these before training (and with --dry-run): the seed plan is
-    LOOKS under --decide, else one look at the grid's seeds (less the sweep's for a best rate)."""
+    `decide_looks` under --decide (True: LOOKS), else one look at the grid's seeds (less the
+    sweep's for a best rate)."""
     seeds = len({grid.configs[c.id].seed for c in grid.cells})
     if decide_looks:
-        looks = LOOKS
+        looks = LOOKS if decide_looks is True else tuple(decide_looks)
     else:
         fresh = seeds - SWEEP_SEEDS if any(c.best_lr for c in claim.compare) else seeds
         if fresh < 1:

@@ -24,6 +24,7 @@ unfinished, a look left): its verdict.json says why, and a rerun resumes.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -174,9 +175,11 @@ def run_decide(claim, cells: Path, req, grid=None, decide_fn=None, report_fn=Non
     from ablate.claim.design import DECIDE_DIR
     from ablate.commands.reproduce import plan_design, print_plan
 
-    decide_fn = decide_fn or _shipped_decide()
-    first = grid or plan_design(claim, cells, req)
     out = cells / DECIDE_DIR
+    if decide_fn is None:  # the shipped statistics, at the plan --looks names (a continuation keeps the past)
+        looks = getattr(req, "looks", None) or _default_looks()
+        decide_fn = functools.partial(_shipped_decide(), looks=looks, kept_from=plan_of(out, looks))
+    first = grid or plan_design(claim, cells, req)
     print_plan(claim, first, cells, req)
     if req.dry_run:
         return _dry_run(claim, first, cells, req, out)
@@ -212,10 +215,57 @@ def run_decide(claim, cells: Path, req, grid=None, decide_fn=None, report_fn=Non
 def look_index(decision, default: int) -> int:
     """The statistical look the decision asks for next (0-based in sequential.LOOKS), read from
     the seeds it names: a rerun that finds earlier looks' cells on disk jumps to that look."""
+    looks = tuple(getattr(decision, "looks", None) or _default_looks())
+    sizes = [len(c.next_seeds) for c in decision.clauses if c.next_seeds]
+    return looks.index(max(sizes)) if sizes and max(sizes) in looks else default
+
+
+def _default_looks() -> tuple:
     from ablate.analysis.sequential import LOOKS
 
-    sizes = [len(c.next_seeds) for c in decision.clauses if c.next_seeds]
-    return LOOKS.index(max(sizes)) if sizes and max(sizes) in LOOKS else default
+    return LOOKS
+
+
+def parse_looks(text: str | None) -> tuple | None:
+    """`--looks 3,6,12,24`: the seeds at each look, whole numbers rising; ConfigError otherwise."""
+    if text is None:
+        return None
+    try:
+        looks = tuple(int(x) for x in str(text).split(","))
+    except ValueError:
+        looks = ()
+    if not looks or looks[0] < 1 or any(b <= a for a, b in zip(looks, looks[1:])) or looks[-1] > 10_000:
+        raise ConfigError(f"--looks {text!r} is not a plan of looks; valid: seeds at each look, whole numbers rising "
+                          "from 1 to at most 10,000, comma-separated, e.g. 3,6,12,24")
+    return looks
+
+
+def plan_of(out: Path, looks: tuple) -> tuple | None:
+    """kept_from for analysis.sequential: (the plan an earlier --decide of this folder read, how
+    many of its looks any clause read), when `looks` differs from it; None for a fresh plan or
+    the same one. The past looks keep their boundaries (an error-spending continuation); a plan
+    that does not start with the looks already read is refused."""
+    from ablate.rundir import read_json
+
+    path = out / "verdict.json"
+    if not path.is_file():
+        return None
+    try:
+        data = read_json(path, top=dict)
+        if data.get("continues") and tuple(data["looks"]) == tuple(looks):  # a continuation keeps what it kept
+            return tuple(int(n) for n in data["continues"][0]), int(data["continues"][1])
+        old = tuple(int(n) for n in data["looks"])
+        read = max((len(c["looks"]) for c in data["clauses"]), default=0)
+    except (OSError, ValueError, AttributeError, TypeError, KeyError, IndexError):
+        raise ConfigError(f"{path}: not a --decide verdict (damaged); valid: a folder whose decide/verdict.json "
+                          "parses, or none") from None
+    if old == tuple(looks) or read == 0:
+        return None
+    if tuple(looks[:read]) != old[:read]:
+        raise ConfigError(f"--looks {','.join(map(str, looks))} does not continue the plan {','.join(map(str, old))} "
+                          f"this folder's --decide read ({read} look(s)); valid: looks starting "
+                          f"{','.join(map(str, old[:read]))}")
+    return old, read
 
 
 def _runs(cells: Path):

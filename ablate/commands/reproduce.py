@@ -49,6 +49,9 @@ def add_arguments(p) -> None:
                         help="add seeds in looks, only where a clause is undecided, until every clause is decided "
                              "or --budget is spent (a group-sequential test holds the error rate); report in "
                              f"OUT/decide/; exit status {UNDECIDED} when it stops before deciding (rerun to resume)")
+    p.add_argument("--looks", metavar="N,N,...", help="with --decide: the seeds at each look (default 3,6,12); a "
+                                                     "plan that continues one this folder's --decide read keeps "
+                                                     "the past looks' boundaries and spends what alpha is left")
     p.add_argument("--budget", metavar="TIME", help="with --decide: wall time for each claim, e.g. 30m, 90s, 1h (at "
                                                    f"most {MAX_BUDGET_HOURS} h); a look whose estimate does not fit in "
                                                    "what is left is not started")
@@ -73,6 +76,7 @@ class Request:
     budget: float | None = None  # seconds, with --decide
     dry_run: bool = False
     imports_policy: str | None = None  # ablate.grid.spec's: RUN_IMPORTS with --trust-imports; None: its default
+    looks: tuple | None = None  # --looks, with --decide (None: analysis.sequential.LOOKS)
 
 
 # ------------------------------------------------------------------------------- claims
@@ -213,8 +217,13 @@ def request_from(args) -> Request:
     overrides = parse_overrides(args.set)
     if n_seeds is not None or args.decide:
         check_seeds_override(overrides, "--decide" if args.decide else f"--seeds {n_seeds}")
+    from ablate.claim.looks import parse_looks
+
+    looks = parse_looks(getattr(args, "looks", None))
+    if looks is not None and not args.decide:
+        raise ConfigError(f"--looks {args.looks} is for --decide; valid: --decide --looks {args.looks}, or no --looks")
     return Request("gpu" if args.full else "cpu", overrides, options, n_seeds, args.decide, budget, args.dry_run,
-                   RUN_IMPORTS if args.trust_imports else REFUSE_IMPORTS)
+                   RUN_IMPORTS if args.trust_imports else REFUSE_IMPORTS, looks)
 
 
 def run(args) -> int:
@@ -302,7 +311,7 @@ def print_plan(claim, grid, cells: Path, req: Request) -> None:
           f"-> {cells}", flush=True)
     from ablate.analysis.sequential import plan_power_lines  # each clause's power before training
 
-    print("\n".join(plan_power_lines(claim, grid, req.decide)), flush=True)
+    print("\n".join(plan_power_lines(claim, grid, req.decide and (req.looks or True))), flush=True)
     if req.dry_run:
         return
     if req.scale == "gpu":

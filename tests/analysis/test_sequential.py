@@ -526,6 +526,10 @@ def test_the_fixed_design_words_an_effect_smaller_than_claimed(tmp_path):
     c = verdict.clauses[0]
     assert c.outcome == DISAGREES and c.shown
     assert "agrees in direction, smaller than claimed: shown beyond 0 the claimed way" in clause_line(0, c)
+    from ablate.analysis.claim_report import as_dict
+
+    saved = as_dict(verdict)["clauses"][0]
+    assert saved["smaller_than_claimed"] is True and saved["results"][0]["estimand"] == "the median seed's a - b"
 
 
 def test_a_planned_continuation_decides_at_its_added_look_only_with_alpha_left():
