@@ -105,6 +105,16 @@ class _Launchers:
     def gated_bwd(self, act, gate, up, dy, dgate, dup):
         self._ext(gate).gated_backward(act, gate, up, dy, dgate, dup, _stream(gate))
 
+    def bias_act_fwd(self, act, x, b, y):
+        self._ext(x).bias_act_forward(act, x, b, y, _stream(x))
+
+    def bias_act_programs(self, rows, cols, device):
+        # row programs per column block; the last of them sums their partial rows (activations.cu)
+        return max(1, min(rows, 2 * sm_count(device), 65535))
+
+    def bias_act_bwd(self, act, x, b, dy, dx, db_part, db, count):
+        self._ext(x).bias_act_backward(act, x, b, dy, dx, db_part, db, count, _stream(x))
+
     def norm_fwd(self, x, r, s, y, w, b, mean, rstd, eps, rms):
         self._ext(x).norm_forward(x, r, s, y, w, b, mean, rstd, eps, rms, _stream(x))
 

@@ -35,6 +35,16 @@ int gated_forward(int act, int dtype, const void* gate, int64_t g_rs, const void
 int gated_backward(int act, int dtype, const void* gate, int64_t g_rs, const void* up, int64_t u_rs,
                    const void* dy, int64_t dy_rs, void* dgate, void* dup, int64_t rows, int64_t cols, void* stream);
 
+// y = act(x + bias), bias float32 (cols)
+int bias_act_forward(int act, int dtype, const void* x, int64_t x_rs, const float* bias, void* y, int64_t rows,
+                     int64_t cols, void* stream);
+// dx = dy * act'(x + bias); db (float32, cols) = the sum of dx over rows, before rounding. Launches
+// (column blocks) x `programs` blocks (1 <= programs <= min(rows, 65535)); db_part (programs, cols)
+// is scratch and `count` (zero on entry, one int32 per column block: `cols` suffice) ends zero.
+int bias_act_backward(int act, int dtype, const void* x, int64_t x_rs, const float* bias, const void* dy,
+                      int64_t dy_rs, void* dx, float* db_part, float* db, unsigned* count, int64_t rows,
+                      int64_t cols, int64_t programs, void* stream);
+
 // LayerNorm (rms = 0) or RMSNorm (rms = 1) of each row. With `res` non-null, first s = x + res
 // (rounded to dtype, written to `s`) and the norm is taken of s. bias may be null; mean is
 // written for LayerNorm only (may be null for RMSNorm); rstd always.

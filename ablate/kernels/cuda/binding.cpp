@@ -90,6 +90,38 @@ void gated_backward(int64_t act, const at::Tensor& gate, const at::Tensor& up, c
                "gated_backward");
 }
 
+void bias_act_forward(int64_t act, const at::Tensor& x, const at::Tensor& bias, const at::Tensor& y, int64_t stream) {
+  check_in(x, x, "x");
+  check_out(y, x, "y");
+  check_f32(bias, x, x.size(1), "bias");
+  check_status(ablate::bias_act_forward(static_cast<int>(act), dtype_code(x), x.data_ptr(), x.stride(0),
+                                        bias.data_ptr<float>(), y.data_ptr(), x.size(0), x.size(1),
+                                        stream_ptr(stream)),
+               "bias_act_forward");
+}
+
+void bias_act_backward(int64_t act, const at::Tensor& x, const at::Tensor& bias, const at::Tensor& dy,
+                       const at::Tensor& dx, const at::Tensor& db_part, const at::Tensor& db, const at::Tensor& count,
+                       int64_t stream) {
+  check_in(x, x, "x");
+  check_in(dy, x, "dy");
+  check_out(dx, x, "dx");
+  const int64_t cols = x.size(1);
+  check_f32(bias, x, cols, "bias");
+  check_f32(db, x, cols, "db");
+  TORCH_CHECK(db_part.dim() == 2 && db_part.size(1) == cols, "db_part must be (programs, cols)");
+  check_f32(db_part, x, db_part.size(0) * cols, "db_part");
+  TORCH_CHECK(count.is_cuda() && count.device() == x.device() && count.scalar_type() == at::kInt &&
+                  count.is_contiguous() && count.numel() >= cols,
+              "count must be a contiguous int32 tensor of at least cols elements on x's device");
+  check_status(ablate::bias_act_backward(static_cast<int>(act), dtype_code(x), x.data_ptr(), x.stride(0),
+                                         bias.data_ptr<float>(), dy.data_ptr(), dy.stride(0), dx.data_ptr(),
+                                         db_part.data_ptr<float>(), db.data_ptr<float>(),
+                                         reinterpret_cast<unsigned*>(count.data_ptr<int32_t>()), x.size(0), cols,
+                                         db_part.size(0), stream_ptr(stream)),
+               "bias_act_backward");
+}
+
 void norm_forward(const at::Tensor& x, const std::optional<at::Tensor>& res, const std::optional<at::Tensor>& s,
                   const at::Tensor& y, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                   const std::optional<at::Tensor>& mean, const at::Tensor& rstd, double eps, bool rms,
@@ -159,6 +191,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("act_backward", &act_backward);
   m.def("gated_forward", &gated_forward);
   m.def("gated_backward", &gated_backward);
+  m.def("bias_act_forward", &bias_act_forward);
+  m.def("bias_act_backward", &bias_act_backward);
   m.def("norm_forward", &norm_forward);
   m.def("norm_backward", &norm_backward);
 }

@@ -43,6 +43,21 @@ constexpr int vec_width() { return static_cast<int>(16 / sizeof(T)); }
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// ---- reductions across blocks: the last block to arrive sums the partial rows --------------
+// Every block calls it after writing its partial rows; true in the one block that arrives last
+// at `count` (which `blocks` blocks share), which then reads every block's rows and resets
+// `count` to zero for the next launch. The fence before the count makes this block's rows
+// visible device-wide; the one after it, in the last block, orders its reads after them.
+__device__ __forceinline__ bool last_to_arrive(unsigned* count, unsigned blocks) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0 && threadIdx.y == 0) last = atomicAdd(count, 1u) == blocks - 1;
+  __syncthreads();
+  if (last) __threadfence();
+  return last;
+}
+
 // ---- activations, in float32; the same formulas as triton_kernels.py -------------------------
 // GELU tanh approximation: 0.5 x (1 + tanh(u)), u = K (x + C x^3), computed as the equal
 // x * sigmoid(2u); derivative s + x s (1 - s) 2K (1 + 3C x^2) with s = sigmoid(2u).

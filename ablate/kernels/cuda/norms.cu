@@ -167,14 +167,8 @@ __device__ __forceinline__ float column_sum(const float* __restrict__ part, int6
 __device__ __forceinline__ void sum_partials_if_last(const float* __restrict__ dw_part,
                                                      const float* __restrict__ db_part, float* __restrict__ dw,
                                                      float* __restrict__ db, unsigned* __restrict__ count, int cols) {
-  __shared__ bool last;
-  __threadfence();  // this block's partial rows are visible device-wide before it is counted
-  __syncthreads();
+  if (!last_to_arrive(count, gridDim.x)) return;
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
-  if (tid == 0) last = atomicAdd(count, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
   const int64_t n = gridDim.x;
   for (int c = tid; c < cols; c += blockDim.x * blockDim.y) {
     dw[c] = column_sum(dw_part, n, cols, c);

@@ -89,7 +89,7 @@ class TorchLaunchers:
 
 
 class NoBiasAct:
-    """TorchLaunchers without the optional bias_act kernels (as the cuda backend's)."""
+    """TorchLaunchers without the optional bias_act kernels (a backend may leave them out)."""
 
     def __init__(self):
         self._k = TorchLaunchers()

@@ -366,6 +366,11 @@ int e_gated_forward(int a, int d, const void* g, int64_t grs, const void* u, int
 int e_gated_backward(int a, int d, const void* g, int64_t grs, const void* u, int64_t urs, const void* dy, int64_t dyrs,
                      void* dg, void* du, int64_t r, int64_t c) {
   return ablate::gated_backward(a, d, g, grs, u, urs, dy, dyrs, dg, du, r, c, nullptr); }
+int e_bias_act_forward(int a, int d, const void* x, int64_t xrs, const float* b, void* y, int64_t r, int64_t c) {
+  return ablate::bias_act_forward(a, d, x, xrs, b, y, r, c, nullptr); }
+int e_bias_act_backward(int a, int d, const void* x, int64_t xrs, const float* b, const void* dy, int64_t dyrs,
+                        void* dx, float* dbp, float* db, unsigned* count, int64_t r, int64_t c, int64_t p) {
+  return ablate::bias_act_backward(a, d, x, xrs, b, dy, dyrs, dx, dbp, db, count, r, c, p, nullptr); }
 int e_norm_forward(int d, const void* x, int64_t xrs, const void* res, int64_t rrs, void* s, void* y, const float* w,
                    const float* b, float* m, float* rs, int64_t r, int64_t c, float eps, int rms) {
   return ablate::norm_forward(d, x, xrs, res, rrs, s, y, w, b, m, rs, r, c, eps, rms, nullptr); }
@@ -429,6 +434,16 @@ class _EmuLaunchers:
         self._call("e_gated_backward", ctypes.c_int(act), self._dt(g),
                    *self._a(g, g.stride(0), u, u.stride(0), dy, dy.stride(0), dg, du, *g.shape))
 
+    def bias_act_fwd(self, act, x, b, y):
+        self._call("e_bias_act_forward", ctypes.c_int(act), self._dt(x), *self._a(x, x.stride(0), b, y, *x.shape))
+
+    def bias_act_programs(self, rows, cols, device):
+        return max(1, min(rows, EMU_PROGRAMS))
+
+    def bias_act_bwd(self, act, x, b, dy, dx, db_part, db, count):
+        self._call("e_bias_act_backward", ctypes.c_int(act), self._dt(x),
+                   *self._a(x, x.stride(0), b, dy, dy.stride(0), dx, db_part, db, count, *x.shape, db_part.shape[0]))
+
     def norm_fwd(self, x, r, s, y, w, b, mean, rstd, eps, rms):
         self._call("e_norm_forward", self._dt(x), *self._a(x, x.stride(0), r, 0 if r is None else r.stride(0), s, y,
                                                            w, b, mean, rstd, *x.shape, float(eps), bool(rms)))
@@ -483,6 +498,8 @@ EMU_CASES = parity.cases("cpu", quick=True) + [
         *((op, (1, 2, 8191), "strided", torch.float32) for op in ("layer_norm", "add_rms_norm")),  # scalar, 16 per thread
         ("gated:gelu", (2, 3, 2048), "strided", torch.bfloat16),  # the GEGLU halves, vectorised
         ("act:silu", (1, 1, 5000), "contiguous", torch.float32),  # flat, more than one block
+        ("bias_act:gelu", (2, 4, 2500), "strided", torch.float32),  # scalar: 10 column blocks x 3 programs
+        ("bias_act:gelu", (1, 7, 3072), "contiguous", torch.bfloat16),  # vectorised, 2 column blocks
     ])
 ]
 
