@@ -546,3 +546,18 @@ def test_a_planned_continuation_decides_at_its_added_look_only_with_alpha_left()
     # after the plan (3, 6, 12) finished, nothing is left: the added look cannot decide
     late = decide_results(claim, results, plan, kept_from=((3, 6, 12), 3)).clauses[0]
     assert late.status == CANNOT_TELL and math.isinf(late.looks[-1].boundary)
+
+
+def test_a_clause_waiting_for_its_other_comparison_says_which():
+    from ablate.analysis.sequential import decide_results
+
+    claim = parse_claim({"name": "t", "statement": "s", "source": "x", "grid": "g", "clause": [
+        {"sentence": "s", "label": "both", "compare": [_entry(effect=1.0, label="gradient ratio"),
+                                                       _entry(effect=0.02, label="init slope")]}]})
+    clear = [9.0 + 0.1 * i for i in range(12)]  # every seed far beyond 1
+    open_ = [0.05, -0.03] * 6  # half above 0.02, half below 0: neither shown nor short of 0.02
+    results = [[Result(c, "u", seed_values=tuple(d), seed_ids=tuple(range(12)))
+                for c, d in zip(claim.clauses[0].compare, (clear, open_))]]
+    c = decide_results(claim, results).clauses[0]
+    assert c.status == CANNOT_TELL and c.waits_for == ["init slope"]
+    assert "waits for its other comparison: init slope" in c.why
