@@ -56,7 +56,8 @@ def test_every_kernel_in_the_module_is_driven(aot_run):
 def test_both_dtypes_and_the_widest_norm_block_are_compiled(aot_run):
     _, out = aot_run
     assert re.search(r"ok\s+_act_fwd_kernel\[bf16;", out) and re.search(r"ok\s+_act_fwd_kernel\[fp32;", out), out
-    assert re.search(r"ok\s+_norm_bwd_kernel\[bf16/fp32;.*BLOCK=16384; warps=16\]", out), out
+    # the pointer types: bfloat16 data, float32 weights and partial sums, the int32 counter
+    assert re.search(r"ok\s+_norm_bwd_kernel\[bf16/fp32/i32;.*BLOCK=16384; warps=16\]", out), out
 
 
 BROKEN = """
