@@ -44,6 +44,8 @@ class _GeluTanhCPU(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor, _grad_s: torch.Tensor | None = None) -> torch.Tensor:
+        if grad is None:  # no gradient reached y (grads are not materialised, see setup_context)
+            return None
         x, s, y = ctx.saved_tensors
         # d/dx x*s(2u) = s + x*s*(1 - s) * d(2u)/dx, with d(2u)/dx = _K + 3*_KC*x^2 and x*s = y.
         d = torch.addcmul(y, y, s, value=-1).mul_(torch.addcmul(x.new_tensor(_K), x, x, value=3 * _KC)).add_(s)
