@@ -47,8 +47,8 @@ FIG="$OUT/figures.txt"
 
 if [ "$TINY" = 1 ]; then
   BUDGET=${BUDGET:-330}; MODEL=${MODEL:-tiny}; STEPS=${STEPS:-3}
-  PACK_WIDTHS=${PACK_WIDTHS:-64}; PACK_KS=${PACK_KS:-1,2}; PACK_LAYERS=${PACK_LAYERS:-1}; PACK_STEPS=${PACK_STEPS:-7}
-  PACK_BATCH=4; PACK_READBACK=2  # the pack reads back every 2 steps: the timed window is steps 2..3
+  PACK_WIDTHS=${PACK_WIDTHS:-64}; PACK_KS=${PACK_KS:-1,2}; PACK_LAYERS=${PACK_LAYERS:-1}; PACK_STEPS=${PACK_STEPS:-3}
+  PACK_ARGS=(--device cpu)  # eager only: capture needs CUDA
   COMPILE_ENV=(TORCHDYNAMO_DISABLE=1)  # the flag's plumbing only: inductor takes minutes on 2 loaded cores
   TRAIN_ARGS=(--layers 1 --batch-size 2)  # the plumbing, not the model: interpreted Triton is slow
   DECIDE_ARGS=(--dry-run)  # the design and its estimate; a look takes 15 minutes on 2 cores
@@ -57,9 +57,9 @@ if [ "$TINY" = 1 ]; then
   C_BUILD=30; C_REF=50; C_REF2=40; C_COMPILE=50; C_CUDA=15; C_TRITON=60; C_PARITY=45; C_PACKS=60; C_DECIDE=40
   PARITY_BACKENDS=triton
 else
-  BUDGET=${BUDGET:-530}; MODEL=${MODEL:-andrea-120m}; STEPS=${STEPS:-30}
+  BUDGET=${BUDGET:-510}; MODEL=${MODEL:-andrea-120m}; STEPS=${STEPS:-30}  # + install: under 9 minutes
   PACK_WIDTHS=${PACK_WIDTHS:-64,256}; PACK_KS=${PACK_KS:-1,8,32}; PACK_LAYERS=${PACK_LAYERS:-12}; PACK_STEPS=${PACK_STEPS:-30}
-  PACK_BATCH=16; PACK_READBACK=
+  PACK_ARGS=(--captured)
   COMPILE_ENV=()
   TRAIN_ARGS=()
   DECIDE_ARGS=()  # no --budget: a look whose estimate overruns it would not start; the cap stops it instead
@@ -208,86 +208,18 @@ with open(fig, "a") as f:
 raise SystemExit(0 if ok else 1)
 EOF
 
-stage "packs: per-member tokens/s at widths $PACK_WIDTHS, members $PACK_KS, eager and captured (cap ${C_PACKS}s)"
-run "$C_PACKS" env PACK_READBACK="$PACK_READBACK" "$PY" - "$OUT" "$FIG" "$PACK_WIDTHS" "$PACK_KS" "$PACK_LAYERS" \
-    "$PACK_STEPS" "$PACK_BATCH" <<'EOF' 2>&1 \
-  | tee "$OUT/packs.log"
-import importlib.util, json, os, signal, statistics, sys, time
-from pathlib import Path
-out, fig, widths, ks, layers, steps, batch = sys.argv[1:8]
-widths, ks = [int(w) for w in widths.split(",")], [int(k) for k in ks.split(",")]
-layers, steps, batch = int(layers), int(steps), int(batch)
-if importlib.util.find_spec("ablate.pack_train") is None:
-    print("packs not available (no ablate/pack_train.py in this tree)")
-    with open(fig, "a") as f:
-        f.write("packs: not available\n")
-    raise SystemExit(0)
-import torch
-import ablate.pack_train as pt
-from ablate.grid.spec import load_grid
-from ablate.train import plan_run
-
-cuda = torch.cuda.is_available()
-modes = ("eager", "captured") if cuda else ("eager",)
-if os.environ.get("PACK_READBACK"):
-    pt.READBACK_EVERY = int(os.environ["PACK_READBACK"])
-R = pt.READBACK_EVERY
-if steps <= 2 * R:
-    raise SystemExit(f"packs: {steps} steps leave no timed window between readbacks {R} and {2 * R}")
-
-
-class TooLong(Exception):
-    pass
-
-
-def alarm(*_):
-    raise TooLong()
-
-
-signal.signal(signal.SIGALRM, alarm)
-root = Path(out) / "packs"
-root.mkdir(exist_ok=True)
-with open(fig, "a") as f:
-    if not cuda:
-        f.write("packs captured: needs CUDA (skipped)\n")
-    for width in widths:
-        for k in ks:
-            for mode in modes:
-                name = f"w{width}-k{k}-{mode}"
-                grid = root / f"{name}.toml"
-                grid.write_text(
-                    f'name = "pack-{name}"\n[base]\nmodel = "tiny"\nwidth = {width}\nlayers = {layers}\n'
-                    f'steps = {steps}\nbatch_size = {batch}\neval_every = 100000\neval_batches = 1\nfinal_eval_batches = 1\n'
-                    f'probe_every = 100000\nkernels = "reference"\n[axes]\nseed = {list(range(k))}\n')
-                pt.CAPTURE_ON_CUDA = mode == "captured"
-                signal.alarm(60)
-                try:
-                    g = load_grid(grid)
-                    plans = [plan_run(c, None, root / name / c.id) for c in g.cells]
-                    t0 = time.perf_counter()
-                    pt.train_pack(g.cells, plans)
-                    wall = time.perf_counter() - t0
-                except TooLong:
-                    line = f"pack {name}: stopped at its 60s cap"
-                except Exception as e:  # one line, and the next configuration
-                    line = f"pack {name}: {type(e).__name__}: {' '.join(str(e).split())[:160]}"
-                else:
-                    # Rows R and 2R are each queued right after a readback (a host sync): the time
-                    # between them is the device's for steps R..2R-1, whatever the host ran ahead.
-                    rates = []
-                    for c in g.cells:
-                        rows = {r["step"]: r for r in map(json.loads, open(root / name / c.id / "metrics.jsonl"))}
-                        tokens = rows[2 * R]["tokens"] - rows[R]["tokens"]
-                        rates.append(tokens / (rows[2 * R]["time_s"] - rows[R]["time_s"]))
-                    line = (f"pack {name}: per-member tokens/s {statistics.median(rates):,.0f}, all members "
-                            f"{sum(rates):,.0f} ({wall:.1f}s for {steps} steps)")
-                finally:
-                    signal.alarm(0)
-                print(line, flush=True)
-                f.write(line + "\n")
-                f.flush()
-EOF
-[ "${PIPESTATUS[0]}" = 0 ] || fail "packs stage failed or timed out (see $OUT/packs.log)"
+stage "packs: tokens/s a member at widths $PACK_WIDTHS, members $PACK_KS, eager and captured (cap ${C_PACKS}s)"
+# python -m ablate.bench.packs (the packs' own bench): tokens/s a member and in all against one cell
+# alone, and with --captured the largest loss difference of the captured pack from the eager one
+if (cd /tmp && "$PY" -c "import ablate.bench.packs") 2>/dev/null; then
+  run "$C_PACKS" "$PY" -m ablate.bench.packs --widths "$PACK_WIDTHS" --members "$PACK_KS" --steps "$PACK_STEPS" \
+      --layers "$PACK_LAYERS" ${PACK_ARGS[@]+"${PACK_ARGS[@]}"} 2>&1 | tee "$OUT/packs.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || fail "packs stage failed or timed out (see $OUT/packs.log)"
+  grep -E '^width' "$OUT/packs.log" | sed 's/^/packs: /' >>"$FIG"
+else
+  echo "packs not available (no ablate/bench/packs.py in this tree)"
+  fig packs "not available"
+fi
 
 stage "ablate reproduce prenorm-wins --decide with packs (cap ${C_DECIDE}s)"
 dcap=$(cap "$C_DECIDE")
@@ -297,7 +229,7 @@ run "$dcap" "$PY" -m ablate reproduce prenorm-wins --decide --stack auto --quiet
 drc=$?
 tail -n 12 "$OUT/decide.log"
 case $drc in
-  0) dv="exit 0: $(grep -ihE 'verdict|supported|refuted|estimated time' "$OUT/decide.log" | tail -n 1)";;
+  0) dv="exit 0: $(grep -E '^prenorm-wins: ' "$OUT/decide.log" | tail -n 1 | grep . || tail -n 1 "$OUT/decide.log")";;
   3) dv="stopped before deciding";;
   124|137) dv="cut at its ${dcap}s cap";;
   *) dv="failed (exit $drc)";;
@@ -307,7 +239,9 @@ fig "prenorm-wins --decide" "$(($(date +%s) - t0))s wall, $dv; CPU: about 16 min
 
 stage "kernel bench with the $(left)s left"
 if [ "$(left)" -gt 25 ]; then
-  if [ "$TINY" = 1 ]; then bargs=(--rows 16 --ops layer_norm --repeats 2 --no-compile); else bargs=(--repeats 5); fi
+  # the ops andrea-120m's dense GPT-2 block runs through the kernels (a compile per case: the others would not fit)
+  if [ "$TINY" = 1 ]; then bargs=(--rows 16 --ops layer_norm --repeats 2 --no-compile)
+  else bargs=(--ops act:gelu,bias_act:gelu,layer_norm,add_layer_norm --repeats 5); fi
   run 300 "$PY" -m ablate kernels bench "${bargs[@]}" 2>&1 | tee "$OUT/bench.log" \
     || echo "(bench stopped at the deadline; the rows above are complete)"
 else
