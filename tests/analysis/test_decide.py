@@ -173,7 +173,7 @@ def test_agrees_says_whether_the_effect_is_shown_beyond_its_smallest_size(tmp_pa
 
 
 def test_a_clause_that_cannot_decide_at_its_seeds_is_flagged_against_its_grid():
-    cells = pd.DataFrame([{"norm": n, "lr": lr, "seed": s} for n in ("pre", "post") for lr in (1e-3, 1e-2)
+    cells = pd.DataFrame([{"norm": n, "lr": lr, "seed": s} for n in ("pre", "post") for lr in (1e-3, 3e-3, 1e-2)
                           for s in range(3)])
     failing = claim({"measure": "failed", "a": {"norm": "post"}, "b": {"norm": "pre"}, "expect": "higher",
                      "effect": 0.25})

@@ -312,7 +312,7 @@ def test_a_cell_id_too_long_for_a_file_name_is_refused_at_dry_run(tmp_path, caps
     path.write_text(textwrap.dedent("""
         [axes]
         lr = [0.00123456, 0.00234567]
-        warmup = [11111111, 22222222]
+        warmup = [1111111, 2222222]
         min_lr_ratio = [0.111111, 0.222222]
         weight_decay = [0.0111111, 0.0222222]
         beta1 = [0.811111, 0.822222]
