@@ -61,7 +61,7 @@ def decision_section(decision: Decision, stopped: str = "", plot: str | None = N
     lines = [f"## Decision: {claim.name}", "", f"> {claim.statement}", "", f"**Verdict: {decision.headline}.**", ""]
     if stopped:
         lines += [f"The looks ended: {stopped}.", ""]
-    lines += [f"- ({c.letter}) {c.label}: **{c.status}**: {c.why}" for c in decision.clauses]
+    lines += [f"- {c.line}" for c in decision.clauses]
     if plot:
         lines += ["", f"![{claim.name}: the running statistic against seeds](plots/{plot})"]
     for c in decision.clauses:
@@ -107,7 +107,7 @@ def plot_running_statistic(decision: Decision, path: Path, dpi: int = 110) -> Pa
             ax.set_xlabel("seeds")
             ax.set_ylabel("z")
             ax.set_title(f"({c.letter}) {c.status}", fontsize=9)
-        axes[0][0].legend(fontsize=7, loc="upper left")
+        axes[0][0].legend(fontsize=7, loc="best")
         fig.suptitle(f"{decision.claim.name}: each look's statistic and boundary", fontsize=10)
         fig.tight_layout()
         save_figure(fig, path, dpi)
