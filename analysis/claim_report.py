@@ -9,13 +9,13 @@ from pathlib import Path
 
 from ablate.analysis.claim_checks import CLAUSE_LETTERS as LETTERS  # a claim has at most these clauses
 from ablate.analysis.claims import Claim
-from ablate.analysis.decide import ESTIMANDS, SPREAD_UPPER_LEVEL
+from ablate.analysis.decide import ESTIMANDS, SPREAD_UPPER_LEVEL, z_of
 from ablate.analysis.outcomes import SCORING_RULE
 from ablate.analysis.rate_choice import CHOSEN_NOT_BEST, near_text
 from ablate.analysis.safe_files import replace_atomic
 from ablate.analysis.stats import ONE_SIDED_ALPHA
-from ablate.analysis.verdict import (CANNOT_TELL, CORRECTION, DISAGREES, ClauseResult, Result, Verdict, evaluate,
-                                     outcome_counts)
+from ablate.analysis.verdict import (CANNOT_TELL, CORRECTION, DISAGREES, ClauseResult, Result, Verdict, conjunction,
+                                     evaluate, headline_status, outcome_counts)
 
 VERDICT_JSON = "verdict.json"
 
@@ -204,29 +204,106 @@ def method_note(verdict: Verdict) -> str:
 # ------------------------------------------------------------------------------- on disk
 
 
-def as_dict(verdict: Verdict) -> dict:
-    def result(r: Result) -> dict:
-        t = r.test
-        return {"label": r.compare.label, "measure": r.compare.measure, "expect": r.compare.expect,
-                "figure": figure(r), "sentence": sentence(r), "test": t.name if t else None,
-                "estimate": t.estimate if t else None, "interval": [t.interval.low, t.interval.high] if t and t.interval
-                else None, "p_value": t.p_value if t else None, "diff": r.diff, "mean_a": r.mean_a, "mean_b": r.mean_b,
-                "unit": r.unit, "n_pairs": r.n_pairs, "seeds": list(r.seeds), "seeds_needed": r.seeds_needed,
-                "seeds_needed_upper": r.seeds_needed_upper,
-                "n_seeds": r.n_seeds, "per_seed": list(r.seed_values), "test_unit": "seed",
-                "p_beyond": t.p_beyond if t else None, "p_futile": t.p_futile if t else None,
-                "effect": r.compare.effect, "best_lr": {s: [[w, lr, e] for w, lr, e in p] for s, p in r.best.items()},
-                "outcomes": r.outcomes, "missing": {s: len(m) for s, m in r.missing.items()}, "note": r.note,
-                "near_rates": {s: [list(x) for x in v] for s, v in r.near.items()}, "estimand": ESTIMANDS[r.kind]}
+SCHEMA = 2  # verdict.json's layout, docs/run-directory.md. A file with no "schema" was written by an older
+# ablate (version 1): a fixed design's had "verdict" and clauses' "outcome", a --decide's "headline" and "status".
+FIXED, SEQUENTIAL = "fixed", "sequential"  # verdict.json's "design": one look at the seeds, or --decide's looks
 
-    return {"claim": verdict.claim.name, "verdict": verdict.text(), "status": verdict.status, "unit": "seed",
-            "alpha": verdict.claim.alpha,
-            "clauses": [{"label": c.clause.label, "sentence": c.clause.sentence, "outcome": c.outcome,
-                         "line": clause_line(i, c), "p_value": c.p_value, "p_adjusted": c.p_adjusted,
-                         "why": c.why, "p_agree": c.p_agree, "p_futile": c.p_futile,
-                         "smaller_than_claimed": c.outcome == DISAGREES and c.shown,
-                         "results": [result(r) for r in c.results]} for i, c in enumerate(verdict.clauses)],
-            "reported": [result(r) for r in verdict.reported], "notes": list(verdict.notes)}
+
+def verdict_json(claim: Claim, design: str, headline_text: str, whole: bool, clauses: list, *,
+                 done: bool = True, looks: tuple = (), continues: tuple | None = None, reported=(),
+                 notes=(), stopped: str | None = None) -> dict:
+    """verdict.json for a fixed design (as_dict) and a --decide (sequential.Decision.to_json):
+    one layout, `clauses` built by clause_json. JSON has no infinity or NaN: such a number is null."""
+    return _plain({"schema": SCHEMA, "claim": claim.name, "design": design, "headline": headline_text,
+                   "status": headline_status(headline_text), "conjunction": whole, "done": done,
+                   "stopped": stopped, "unit": "seed", "alpha": claim.alpha, "looks": list(looks),
+                   "continues": [list(continues[0]), continues[1]] if continues else None, "clauses": clauses,
+                   "reported": [comparison_json(r) for r in reported], "notes": list(notes)})
+
+
+def clause_json(letter: str, clause, status: str, why: str, line: str, level: float | None, comparisons, *,
+                p_agree=None, p_futile=None, p_adjusted=None, smaller: bool = False, seeds_used: int = 0,
+                waits_for=(), looks=(), next_seeds=(), needs=()) -> dict:
+    """One clause of verdict.json, whichever design decided it (docs/run-directory.md)."""
+    return {"letter": letter, "label": clause.label, "sentence": clause.sentence, "status": status,
+            "decided": status != CANNOT_TELL, "why": why, "line": line, "level": level, "p_agree": p_agree,
+            "p_futile": p_futile, "p_adjusted": p_adjusted, "smaller_than_claimed": smaller,
+            "estimand": estimand_of(comparisons),
+            "seeds_used": seeds_used, "waits_for": list(waits_for), "chosen_not_best": any(r.near for r in comparisons),
+            "rates": best_rates(comparisons), "next_seeds": list(next_seeds or []), "needs": list(needs),
+            "looks": [look_json(lk) for lk in looks], "comparisons": [comparison_json(r) for r in comparisons]}
+
+
+def look_json(lk) -> dict:
+    """One look of a --decide (analysis.sequential.Look)."""
+    return {"seeds": lk.n_seeds, "seed_ids": list(lk.seeds), "statistic": lk.statistic,
+            "futility_statistic": lk.futility_statistic, "boundary": lk.boundary, "nominal_level": lk.nominal_level,
+            "estimate": lk.estimate, "p_value": lk.p_value, "p_futile": lk.p_futile, "outcome": lk.outcome,
+            "shown": lk.shown}
+
+
+def comparison_json(r: Result) -> dict:
+    """One comparison: what it paired, each seed's value of a - b, and its test."""
+    c = r.compare
+    return {"label": c.label, "measure": c.measure, "expect": c.expect, "effect": c.effect, "unit": r.unit,
+            "figure": figure(r), "sentence": sentence(r), "mean_a": r.mean_a, "mean_b": r.mean_b, "diff": r.diff,
+            "n_pairs": r.n_pairs, "n_seeds": r.n_seeds, "test_unit": "seed", "seeds": list(r.seeds),
+            "per_seed": list(r.seed_values), "sweep_seeds": list(r.sweep_seeds), "test": stat_test_json(r),
+            "seeds_needed": r.seeds_needed, "seeds_needed_upper": r.seeds_needed_upper,
+            "best_lr": {s: [[w, lr, e] for w, lr, e in p] for s, p in r.best.items()}, "outcomes": r.outcomes,
+            "missing": {s: len(m) for s, m in r.missing.items()}, "note": r.note,
+            "near_rates": {s: [list(x) for x in v] for s, v in r.near.items()}}
+
+
+def stat_test_json(r: Result) -> dict | None:
+    """A comparison's test: its estimand, estimate, z statistic, p-values and interval, from one test."""
+    t = r.test
+    if t is None:
+        return None
+    interval = None if t.interval is None else {"low": t.interval.low, "high": t.interval.high,
+                                                 "confidence": t.interval.confidence}
+    return {"name": t.name, "estimand": ESTIMANDS[r.kind], "estimate": t.estimate, "statistic": z_of(t.p_value),
+            "p_value": t.p_value, "p_beyond": t.p_beyond, "p_futile": t.p_futile, "interval": interval,
+            "level": t.level, "n": t.n, "detail": t.detail}
+
+
+def estimand_of(results) -> str:
+    """What a clause's tests are about (decide.ESTIMANDS), each kind once."""
+    return "; ".join(dict.fromkeys(ESTIMANDS[r.kind] for r in results))
+
+
+def best_rates(results) -> dict:
+    """Side -> the learning rate(s) its best-rate comparisons chose (one number where one)."""
+    out: dict = {}
+    for r in results:
+        for side, picks in r.best.items():
+            out.setdefault(side, sorted({lr for _, lr, _ in picks}))
+    return {side: (v[0] if len(v) == 1 else v) for side, v in out.items()}
+
+
+def _plain(x):
+    """Lists for tuples, Python numbers for numpy's, null for a non-finite number (an unbounded interval, an exact count's boundary)."""
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if hasattr(x, "item") and not isinstance(x, (str, bytes)):
+        x = x.item()  # a numpy scalar
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def as_dict(verdict: Verdict) -> dict:
+    """A fixed design's verdict.json: one look at the seeds it has, Holm across clauses."""
+    clauses = [clause_json(LETTERS[i], c.clause, c.outcome, c.why, clause_line(i, c), c.level, c.results,
+                           p_agree=c.p_agree, p_futile=c.p_futile, p_adjusted=c.p_adjusted,
+                           smaller=c.outcome == DISAGREES and c.shown,
+                           seeds_used=min((r.n_seeds for r in c.results), default=0),
+                           waits_for=waiting(c.results, c.level or ONE_SIDED_ALPHA) if c.outcome == CANNOT_TELL else ())
+               for i, c in enumerate(verdict.clauses)]
+    return verdict_json(verdict.claim, FIXED, verdict.text(), conjunction(verdict.clauses, verdict.claim.alpha),
+                        clauses, reported=verdict.reported, notes=verdict.notes)
 
 
 def write_claim_report(claim: Claim, out: Path, full: bool = True, cells: Path | None = None,

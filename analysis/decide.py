@@ -88,6 +88,11 @@ class Test:
         return self.p_beyond is not None and self.p_beyond <= level
 
 
+def z_of(p: float | None) -> float | None:
+    """The standard normal statistic of a one-sided p-value (norm.isf(p)): the scale of the looks' boundaries."""
+    return None if p is None else float(-special.ndtri(min(max(p, 1e-300), 1.0)))
+
+
 def per_seed(keys, a, b) -> tuple[np.ndarray, np.ndarray]:
     """(seeds, each seed's mean of a - b over its paired keys); keys are tuples, seed first."""
     by_seed: dict = {}

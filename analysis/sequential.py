@@ -57,7 +57,8 @@ from scipy import stats as scipy_stats
 
 from ablate.analysis import decide
 from ablate.analysis.claim_checks import CLAUSE_LETTERS
-from ablate.analysis.claim_report import waiting
+from ablate.analysis.claim_report import (SEQUENTIAL, best_rates, clause_json, estimand_of, verdict_json,
+                                          waiting)
 from ablate.analysis.rate_choice import CHOSEN_NOT_BEST
 from ablate.analysis.claim_measures import MEASURES, Context
 from ablate.analysis.claims import Claim, Clause
@@ -158,10 +159,6 @@ def nominal_levels(alpha: float, looks: tuple = LOOKS, kept_from: tuple | None =
     return tuple(float(scipy_stats.norm.sf(c)) for c in cs)
 
 
-def _z(p: float | None) -> float | None:
-    return None if p is None else float(-special.ndtri(min(max(p, 1e-300), 1.0)))  # norm.isf(p)
-
-
 # --------------------------------------------------------------------------- a clause's looks
 
 
@@ -202,6 +199,10 @@ class ClauseDecision:
     def seeds_used(self) -> int:
         return self.looks[-1].n_seeds if self.looks else 0
 
+    @property
+    def line(self) -> str:
+        return f"({self.letter}) {self.label}: **{self.status}**: {self.why}"
+
 
 def _units(results: list[Result]) -> int:
     return min((r.n_seeds for r in results), default=0)
@@ -227,7 +228,7 @@ def clause_looks(results: list[Result], level: float, looks: tuple = LOOKS,
         outcome = DISAGREES if p_futile is not None and p_futile <= nominal[k] else AGREES if shown else CANNOT_TELL
         decisive = max(tests, key=lambda t: -1 if t is None or t.p_value is None else t.p_value)
         beyond = all(t is not None and t.beyond(nominal[k]) for t in tests)
-        out.append(Look(n, tuple(results[0].seed_ids[:n]), _z(p_agree), _z(p_futile), cs[k], nominal[k],
+        out.append(Look(n, tuple(results[0].seed_ids[:n]), decide.z_of(p_agree), decide.z_of(p_futile), cs[k], nominal[k],
                         None if decisive is None else decisive.estimate, p_agree, p_futile, outcome, level, beyond,
                         shown))
         if outcome != CANNOT_TELL:
@@ -264,29 +265,16 @@ class Decision:
         return [need for c in self.clauses if not c.decided for need in c.needs]
 
     def to_json(self) -> dict:
-        return {"claim": self.claim.name, "headline": self.headline, "done": self.done, "unit": "seed",
-                "alpha": self.claim.alpha, "looks": list(self.looks),
-                "continues": [list(self.kept_from[0]), self.kept_from[1]] if self.kept_from else None,
-                "conjunction": self.conjunction,
-                "clauses": [_clause_json(c) for c in self.clauses]}
-
-
-def _clause_json(c: ClauseDecision) -> dict:
-    return {"letter": c.letter, "label": c.label, "status": c.status, "decided": c.decided, "why": c.why,
-            "level": c.level, "seeds_used": c.seeds_used, "next_seeds": list(c.next_seeds or []),
-            "needs": c.needs, "rates": c.rates,
-            "looks": [{"seeds": lk.n_seeds, "seed_ids": list(lk.seeds), "statistic": _finite(lk.statistic),
-                       "futility_statistic": _finite(lk.futility_statistic), "boundary": _finite(lk.boundary),
-                       "nominal_level": lk.nominal_level, "estimate": lk.estimate, "p_value": lk.p_value,
-                       "p_futile": lk.p_futile, "outcome": lk.outcome, "shown": lk.shown} for lk in c.looks],
-            "estimand": c.estimand,
-            "smaller_than_claimed": c.status == DISAGREES and bool(c.looks) and c.looks[-1].shown,
-            "waits_for": c.waits_for, "chosen_not_best": any(r.near for r in c.results)}
-
-
-def _finite(x: float | None) -> float | None:
-    """JSON has no infinity: an unbounded statistic or an exact count's boundary is null."""
-    return x if x is not None and math.isfinite(x) else None
+        """verdict.json's layout (claim_report.verdict_json), the same as a fixed design's."""
+        clauses = [clause_json(c.letter, clause, c.status, c.why, c.line, c.level, c.results,
+                               p_agree=c.looks[-1].p_value if c.looks else None,
+                               p_futile=c.looks[-1].p_futile if c.looks else None,
+                               smaller=c.status == DISAGREES and bool(c.looks) and c.looks[-1].shown,
+                               seeds_used=c.seeds_used, waits_for=c.waits_for, looks=c.looks,
+                               next_seeds=c.next_seeds, needs=c.needs)
+                   for c, clause in zip(self.clauses, self.claim.clauses)]
+        return verdict_json(self.claim, SEQUENTIAL, self.headline, self.conjunction, clauses, done=self.done,
+                            looks=self.looks, continues=self.kept_from)
 
 
 def decide_claim(claim: Claim, source, metrics=None, looks: tuple = LOOKS, kept_from: tuple | None = None) -> Decision:
@@ -336,11 +324,11 @@ def decide_results(claim: Claim, results: list[list[Result]], looks: tuple = LOO
 def _clause_decision(j: int, clause: Clause, results: list[Result], path: list[Look], level: float,
                      looks: tuple) -> ClauseDecision:
     status = path[-1].outcome if path else CANNOT_TELL
-    rates = _rates(results)
+    rates = best_rates(results)
     shown = tuple(_at_look(r, path[-1]) for r in results) if path else tuple(results)
     c = ClauseDecision(CLAUSE_LETTERS[j], clause.label, status, status != CANNOT_TELL, "", path, level, shown,
                        rates=rates,
-                       estimand="; ".join(dict.fromkeys(decide.ESTIMANDS[r.kind] for r in results)))
+                       estimand=estimand_of(results))
     c.waits_for = waiting(shown, path[-1].nominal_level) if path and status == CANNOT_TELL else []
     c.why = _why(c, results, looks) + (f"; {CHOSEN_NOT_BEST}" if any(r.near for r in results) else "")
     if not c.decided:
@@ -396,14 +384,6 @@ def _why(c: ClauseDecision, results: list[Result], looks: tuple) -> str:
     if last.n_seeds >= looks[-1]:
         return f"the last look ({looks[-1]} seeds) reached: neither shown nor excluded{wait}"
     return f"undecided at {last.n_seeds} seeds (boundary {last.boundary:.2f}){wait}; next look at the next seeds"
-
-
-def _rates(results: list[Result]) -> dict:
-    out = {}
-    for r in results:
-        for side, picks in r.best.items():
-            out.setdefault(side, sorted({lr for _, lr, _ in picks}))
-    return {side: (v[0] if len(v) == 1 else v) for side, v in out.items()}
 
 
 def _seeds_for(results: list[Result], n: int) -> tuple:

@@ -1,4 +1,6 @@
-"""analysis/claim_report.py: the words of a verdict."""
+"""analysis/claim_report.py: the words of a verdict, and verdict.json."""
+import pytest
+
 from ablate.analysis.claim_report import level_text
 
 
@@ -45,3 +47,34 @@ def test_a_fixed_design_over_a_decided_folder_says_what_it_does_to_the_error_rat
     note = after_decide_note(claim, 24)
     assert "not at one-sided 0.025" in note and "up to 0.042 of the time" in note
     assert "adds nothing to its error rate" in after_decide_note(claim, 12)
+
+
+def test_a_fixed_design_and_a_decide_write_one_verdict_json_layout(tmp_path):
+    import json
+
+    from ablate.analysis.claim_report import SCHEMA, as_dict
+    from ablate.analysis.sequential import decide_claim
+    from ablate.analysis.verdict import evaluate
+    from tests.helpers.synthetic_runs import write_run
+
+    claim = _claim(_entry("loss higher", 0.05))
+    for seed in range(12):  # post's loss above pre's in every seed: both designs decide "agrees"
+        write_run(tmp_path, "post.layernorm.gelu.dense.res", seed, losses=[4.0, 3.0], val_loss=2.7 + 0.01 * seed,
+                  unigram_entropy=3.4)
+        write_run(tmp_path, "pre.layernorm.gelu.dense.res", seed, losses=[4.0, 3.0], val_loss=2.5,
+                  unigram_entropy=3.4)
+    verdict, decision = evaluate(claim, tmp_path), decide_claim(claim, tmp_path)
+    fixed, decide = as_dict(verdict), decision.to_json()
+    for saved in (fixed, decide):
+        json.dumps(saved, allow_nan=False)  # plain JSON: an unbounded end is null
+        assert saved["schema"] == SCHEMA and saved["headline"] == "agrees (1 of 1)" and saved["status"] == "agrees"
+    assert (fixed["design"], decide["design"]) == ("fixed", "sequential")
+    assert list(fixed) == list(decide)
+    (a,), (b,) = fixed["clauses"], decide["clauses"]
+    assert list(a) == list(b) and a["status"] == b["status"] == verdict.clauses[0].outcome == "agrees"
+    assert list(a["comparisons"][0]) == list(b["comparisons"][0])
+    assert list(a["comparisons"][0]["test"]) == list(b["comparisons"][0]["test"])
+    assert fixed["looks"] == a["looks"] == [] and decide["looks"] == [3, 6, 12] and b["looks"][0]["seeds"] == 3
+    per_seed = a["comparisons"][0]["per_seed"]
+    assert len(per_seed) == 12 and per_seed[0] == pytest.approx(0.2) and a["comparisons"][0]["seeds"] == list(range(12))
+    assert a["comparisons"][0]["test"]["name"].startswith("exact sign")

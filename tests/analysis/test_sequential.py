@@ -529,7 +529,7 @@ def test_the_fixed_design_words_an_effect_smaller_than_claimed(tmp_path):
     from ablate.analysis.claim_report import as_dict
 
     saved = as_dict(verdict)["clauses"][0]
-    assert saved["smaller_than_claimed"] is True and saved["results"][0]["estimand"] == "the median seed's a - b"
+    assert saved["smaller_than_claimed"] is True and saved["comparisons"][0]["test"]["estimand"] == "the median seed's a - b"
 
 
 def test_a_planned_continuation_decides_at_its_added_look_only_with_alpha_left():

@@ -556,11 +556,11 @@ def test_reproduce_all_writes_each_verdict_and_plot_and_an_index_linking_every_c
     for name, claim in CLAIMS.items():
         out = tmp_path / name
         saved = json.loads((out / "verdict.json").read_text())
-        verdict = saved["verdict"]
+        verdict = saved["headline"]
         assert saved["status"] in (AGREES, DISAGREES, CANNOT_TELL, "agrees in part") and verdict.startswith(
             saved["status"] + " (") and saved["unit"] == "seed"  # the headline counts its clauses
         assert len(saved["clauses"]) == len(claim.clauses) and len(saved["reported"]) == len(claim.report)
-        assert [len(c["results"]) for c in saved["clauses"]] == [len(c.compare) for c in claim.clauses]
+        assert [len(c["comparisons"]) for c in saved["clauses"]] == [len(c.compare) for c in claim.clauses]
         report = (out / "report.md").read_text()
         assert f"## Verdict: {name}" in report and f"**Verdict: {verdict}.**" in report
         assert f"![{name}: what the claim says, at a glance](plots/claim_{name}.png)" in report
@@ -580,8 +580,8 @@ def test_a_real_miniature_reproduces_end_to_end(tmp_path, capsys):
                    "--set", "eval_batches=1", "--set", "final_eval_batches=1", "--set", "seed=0"])
     assert status == 0
     verdict = json.loads((out / "verdict.json").read_text())
-    assert verdict["status"] == CANNOT_TELL and verdict["verdict"] == "cannot tell (1 of 1)"  # one seed: no test
-    first = verdict["clauses"][0]["results"][0]
+    assert verdict["status"] == CANNOT_TELL and verdict["headline"] == "cannot tell (1 of 1)"  # one seed: no test
+    first = verdict["clauses"][0]["comparisons"][0]
     assert first["n_pairs"] == 1 and math.isfinite(first["mean_a"]) and math.isfinite(first["mean_b"])
     assert (out / "plots" / "claim_residual-gradient.png").read_bytes()[:8] == PNG
     assert "## Verdict: residual-gradient" in (out / "report.md").read_text()

@@ -53,9 +53,12 @@ class DecisionDouble:
         return [s for c in self.clauses for s in c.needs]
 
     def to_json(self) -> dict:
-        return {"double": True, "headline": self.headline,
+        from ablate.analysis.claim_report import SCHEMA  # verdict.json's layout, with fewer keys
+
+        return {"schema": SCHEMA, "double": True, "headline": self.headline,
                 "clauses": [{"label": c.label, "status": c.status, "why": c.why,
-                             "looks": [[k.n_seeds, k.statistic, k.boundary] for k in c.looks]} for c in self.clauses]}
+                             "looks": [{"seeds": k.n_seeds, "statistic": k.statistic, "boundary": k.boundary}
+                                       for k in c.looks]} for c in self.clauses]}
 
 
 def _finished(cells, selector: dict, seeds) -> list | None:

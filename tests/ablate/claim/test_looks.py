@@ -36,3 +36,26 @@ def test_a_damaged_verdict_is_refused_in_one_line(tmp_path):
     (tmp_path / "verdict.json").write_text('{"looks": "x"}')
     with pytest.raises(ConfigError, match="not a --decide verdict"):
         plan_of(tmp_path, (3, 6, 12, 24))
+
+
+def test_a_continuation_reads_a_verdict_of_either_layout(tmp_path):
+    """verdict.json version 2 (analysis.claim_report.SCHEMA) keeps the keys a continuation reads;
+    a version-1 file (no "schema", the _verdict above) is read the same way."""
+    from ablate.analysis.claims import parse_claim
+    from ablate.analysis.sequential import decide_claim
+    from tests.helpers.synthetic_runs import write_run
+
+    claim = parse_claim({"name": "t", "statement": "s", "source": "x", "grid": "g", "clause": [
+        {"sentence": "s", "label": "l", "compare": [{"measure": "final_val_loss", "a": {"norm": "post"},
+                                                     "b": {"norm": "pre"}, "expect": "higher", "effect": 0.05}]}]})
+    for seed in range(12):
+        write_run(tmp_path / "cells", "post.layernorm.gelu.dense.res", seed, losses=[4.0, 3.0], val_loss=2.7,
+                  unigram_entropy=3.4)
+        write_run(tmp_path / "cells", "pre.layernorm.gelu.dense.res", seed, losses=[4.0, 3.0], val_loss=2.5,
+                  unigram_entropy=3.4)
+    saved = decide_claim(claim, tmp_path / "cells").to_json()
+    assert saved["schema"] == 2 and [lk["seeds"] for lk in saved["clauses"][0]["looks"]] == [3, 6, 12]
+    (tmp_path / "verdict.json").write_text(json.dumps(saved))
+    assert plan_of(tmp_path, (3, 6, 12, 24)) == ((3, 6, 12), 3)
+    _verdict(tmp_path / "old", (3, 6, 12), 3)
+    assert plan_of(tmp_path / "old", (3, 6, 12, 24)) == ((3, 6, 12), 3)

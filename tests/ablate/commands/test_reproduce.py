@@ -179,12 +179,12 @@ def test_a_larger_design_reuses_the_quick_cells_and_writes_its_own_verdict(tmp_p
     assert len(cell_ids(cells)) == 12 and seeds_of(cell_ids(cells), "silu") == [0, 1, 2, 3]
     assert all((cells / i / "summary.json").stat().st_mtime_ns == t for i, t in trained.items())  # not retrained
     four = json.loads((cells / "seeds-4" / "verdict.json").read_text())
-    assert four["clauses"][0]["results"][0]["seeds"] == [0, 1, 2, 3]
+    assert four["clauses"][0]["comparisons"][0]["seeds"] == [0, 1, 2, 3]
     assert (cells / "seeds-4" / "report.md").is_file()
     # the quick design still reads its own three seeds, with the fourth on disk beside them
     assert main(["reproduce", str(claim), *common]) == 0
     again = json.loads((cells / "verdict.json").read_text())
-    assert again["clauses"][0]["results"][0]["seeds"] == [0, 1, 2] and again == quick
+    assert again["clauses"][0]["comparisons"][0]["seeds"] == [0, 1, 2] and again == quick
 
 
 # ----------------------------------------------------------------- --decide, with a double
@@ -223,7 +223,7 @@ def test_decide_adds_seeds_only_to_the_cells_an_undecided_clause_reads_and_stops
     assert seeds_of(ids, "silu") == [0, 1, 2]  # read by no clause: no look adds to it
     verdict = json.loads((cells / "decide" / "verdict.json").read_text())
     assert verdict["stopped"] == "every clause decided"
-    assert [look[0] for look in verdict["clauses"][0]["looks"]] == [3, 6]
+    assert [look["seeds"] for look in verdict["clauses"][0]["looks"]] == [3, 6]
     record = json.loads((cells / "decide" / "decide.json").read_text())
     assert len(record["looks"]) == 2 and len(record["looks"][1]) == 2 * DECIDED_AT
     printed = capsys.readouterr().out
