@@ -52,7 +52,7 @@ import numpy as np
 from scipy import special
 from scipy import stats as scipy_stats
 
-from ablate.analysis.stats import DEFAULT_POWER, ONE_SIDED_ALPHA, Interval, one_sided_seeds_for_power
+from ablate.analysis.stats import DEFAULT_POWER, ONE_SIDED_ALPHA, Interval, one_sided_seeds_for_power, varies
 
 RIGHT, WRONG = "right", "wrong"  # which way an estimate points, against the claimed direction
 KINDS = {"t": "exact sign test over seeds", "binary": "exact sign test over seeds", "exact": "exact count"}
@@ -102,10 +102,6 @@ def per_seed(keys, a, b) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(seeds), np.asarray([np.mean(by_seed[s]) for s in seeds], dtype=float)
 
 
-def _varies(values: np.ndarray) -> bool:
-    return bool(values.size > 1 and np.ptp(values) > 1e-12 * max(1.0, float(np.max(np.abs(values)))))
-
-
 def _side(estimate: float, null: float, higher: bool) -> str | None:
     if estimate == null:
         return None
@@ -133,7 +129,7 @@ def t_test(d: np.ndarray, higher: bool, effect: float | None, level: float = ONE
     """The seeds' mean of d (a - b): shown / beyond / futile at `level` (module docstring).
     With `margin` (non-inferiority, "a matches b"): shown = a is not worse by the margin, futile =
     a is worse by the margin or more. None without two seeds that differ."""
-    if d.size < 2 or not _varies(d):
+    if d.size < 2 or not varies(d):
         return None
     interval = _t_interval(d, level)
     estimate = float(d.mean())

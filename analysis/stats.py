@@ -77,7 +77,7 @@ def mean_interval(values, confidence: float = DEFAULT_CONFIDENCE, n_resamples: i
     values = np.asarray(values, dtype=float)
     if values.size < 2:
         return None
-    if not _varies(values):  # every value alike: no spread to put an interval on
+    if not varies(values):  # every value alike: no spread to put an interval on
         return Interval(float(values.mean()), float(values.mean()), confidence)
     if values.size < BOOTSTRAP_MIN_VALUES:
         return t_interval(values, confidence)
@@ -100,17 +100,17 @@ def bootstrap_ci(values, confidence: float = DEFAULT_CONFIDENCE, n_resamples: in
     return Interval(float(ci.low), float(ci.high), confidence)
 
 
-def _varies(values: np.ndarray) -> bool:
-    # Equal up to rounding counts as constant: a t statistic of rounding noise means nothing
-    # (scipy warns of catastrophic cancellation and returns an arbitrary p).
-    return bool(np.ptp(values) > 1e-12 * max(1.0, float(np.max(np.abs(values)))))
+def varies(values: np.ndarray) -> bool:
+    """Two or more values, not all equal. Equal up to rounding counts as constant: a t statistic of
+    rounding noise means nothing (scipy warns of catastrophic cancellation and returns an arbitrary p)."""
+    return bool(values.size > 1 and np.ptp(values) > 1e-12 * max(1.0, float(np.max(np.abs(values)))))
 
 
 def welch_p_value(a, b) -> float | None:
     """Two-sided Welch t-test p-value; None when either side has fewer than two values or
     neither varies (the test is undefined)."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if a.size < 2 or b.size < 2 or not (_varies(a) or _varies(b)):
+    if a.size < 2 or b.size < 2 or not (varies(a) or varies(b)):
         return None
     p = scipy_stats.ttest_ind(a, b, equal_var=False).pvalue
     return float(p) if math.isfinite(p) else None
@@ -121,7 +121,7 @@ def one_sample_p_value(values, popmean: float = 0.0) -> float | None:
     the paired t-test when `values` are per-seed differences, or a measure against a fixed
     number. None for fewer than two values or values that do not vary (no test)."""
     values = np.asarray(values, dtype=float)
-    if values.size < 2 or not _varies(values):
+    if values.size < 2 or not varies(values):
         return None
     p = scipy_stats.ttest_1samp(values, popmean).pvalue
     return float(p) if math.isfinite(p) else None
@@ -185,7 +185,7 @@ def seeds_for_power(differences, alpha: float = DEFAULT_ALPHA, power: float = DE
     of zero or differences that do not vary, or more than `max_seeds` seeds needed."""
     d = np.asarray(differences, dtype=float)
     d = d[np.isfinite(d)]
-    if d.size < 2 or not _varies(d) or d.mean() == 0:
+    if d.size < 2 or not varies(d) or d.mean() == 0:
         return None
     effect = abs(float(d.mean())) / float(d.std(ddof=1))
     return _smallest_n_reaching(lambda n: paired_power(effect, n, alpha), power, max_seeds)
@@ -485,7 +485,7 @@ def t_interval(differences, confidence: float = DEFAULT_CONFIDENCE) -> Interval 
     t-test whose p-value the comparison reports (scipy's TtestResult.confidence_interval), so
     the interval excludes 0 exactly when p < 1 - confidence. None without a spread."""
     d = np.asarray(differences, dtype=float)
-    if d.size < 2 or not _varies(d):
+    if d.size < 2 or not varies(d):
         return None
     ci = scipy_stats.ttest_1samp(d, 0.0).confidence_interval(confidence)
     return Interval(float(ci.low), float(ci.high), confidence)
@@ -494,7 +494,7 @@ def t_interval(differences, confidence: float = DEFAULT_CONFIDENCE) -> Interval 
 def welch_interval(a, b, confidence: float = DEFAULT_CONFIDENCE) -> Interval | None:
     """The interval of Welch's t-test of mean(a) - mean(b), the test whose p-value is reported."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if a.size < 2 or b.size < 2 or not (_varies(a) or _varies(b)):
+    if a.size < 2 or b.size < 2 or not (varies(a) or varies(b)):
         return None
     ci = scipy_stats.ttest_ind(a, b, equal_var=False).confidence_interval(confidence)
     return Interval(float(ci.low), float(ci.high), confidence)

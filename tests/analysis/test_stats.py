@@ -336,3 +336,10 @@ def test_one_sided_seeds_for_power_is_none_without_an_effect_or_beyond_max_seeds
     assert one_sided_seeds_for_power(1e-3) is None  # about 6 million seeds: more than MAX_SEEDS
     assert one_sided_seeds_for_power(0.05, max_seeds=100) is None
     assert one_sided_seeds_for_power(0.05) <= MAX_SEEDS
+
+
+def test_varies_is_false_for_no_value_one_value_or_rounding_noise():
+    from ablate.analysis.stats import varies  # the one definition (analysis/decide.py imports it)
+
+    assert not varies(np.array([])) and not varies(np.array([2.0])) and not varies(np.array([1.0, 1.0 + 1e-15]))
+    assert varies(np.array([1.0, 1.001]))
