@@ -115,6 +115,8 @@ def machine() -> str:
 
     from ablate.provenance import cpuinfo
 
+    # The machine's count, not cores.cpu_count(): this names the hardware a cached speed was measured on
+    # (its threads are recorded beside it), so a taskset or SLURM share of it keeps the cache.
     return f"{cpuinfo('model name') or platform.machine()} | {os.cpu_count()} cores | torch {torch.__version__}"
 
 

@@ -9,7 +9,6 @@ mostly measures how well one cell uses its threads.
 """
 from __future__ import annotations
 
-import os
 import statistics
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ablate.bench.timing import once, spread
+from ablate.cores import cpu_count
 
 GRID_TOML = """name = "bench-scaling"
 [base]
@@ -63,7 +63,7 @@ class Scaling:
 
 def grid_scaling(workers: int | None = None, cells_per_worker: int = 2, layers: int = 12, steps: int = 100,
                  repeats: int = 2) -> Scaling:
-    workers = workers or os.cpu_count() or 1
+    workers = workers or cpu_count()
     result = Scaling(workers * cells_per_worker, workers, layers, steps, [], [])
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

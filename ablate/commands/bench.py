@@ -89,11 +89,12 @@ def run(args) -> int:
     import torch
 
     from ablate.bench.timing import threads
+    from ablate.cores import cpu_count
 
     parts, models, shape = _checked(args)
     n = args.threads or torch.get_num_threads()
     load = ", load average {:.1f} {:.1f} {:.1f}".format(*os.getloadavg()) if hasattr(os, "getloadavg") else ""
-    print(f"ablate bench ({n} torch thread{'s' if n != 1 else ''}, {os.cpu_count()} cores{load}, "
+    print(f"ablate bench ({n} torch thread{'s' if n != 1 else ''}, {cpu_count()} cores{load}, "
           f"torch {torch.__version__})\n")
     status = 0
     with threads(n):  # every part of this process; a caller in the same process (a test) is left as it was

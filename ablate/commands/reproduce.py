@@ -13,12 +13,12 @@ Cells run on the grid machinery (ablate.grid.runner), on any of its backends.
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from importlib import resources
 from pathlib import Path
 
 from ablate.claim.looks import UNDECIDED
+from ablate.cores import cpu_count
 from ablate.errors import ConfigError
 
 ALL = "all"
@@ -144,7 +144,7 @@ def grid_flops(grid) -> float:
 
 
 def quick_workers() -> int:
-    return min(QUICK_WORKERS, os.cpu_count() or 1)
+    return min(QUICK_WORKERS, cpu_count())  # the cores this process may use (taskset, SLURM)
 
 
 def cell_seconds(cfg, speed=None) -> float:

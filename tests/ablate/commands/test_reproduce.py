@@ -509,3 +509,10 @@ def test_a_fixed_design_whose_cells_did_not_finish_exits_3_with_no_verdict(tmp_p
         UNDECIDED)
     assert "mini-decide: 12 of 12 cells not finished (e.g. " in capsys.readouterr().out
     assert not (cells / "seeds-4" / "verdict.json").exists()
+
+
+def test_quick_workers_count_the_cores_this_process_may_use(monkeypatch):
+    import ablate.commands.reproduce as reproduce
+
+    monkeypatch.setattr(reproduce, "cpu_count", lambda: 1)  # a taskset or SLURM share of one core
+    assert reproduce.quick_workers() == 1
