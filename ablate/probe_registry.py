@@ -1,8 +1,8 @@
 """The probes a run logs, registered by name: what each is called, whether it has a value per
 layer, on which steps it is measured, and the heatmap the report draws of it (if any).
 
-A probe is declared here once (`declare`), and its function is attached in ablate/probes.py with
-`@probe(name, per_layer=...)`: it receives the step's measurements (`ProbeInputs` there) and returns one
+A probe is declared here once (`declare`, which returns it, kept under a constant such as
+`COS_SIM`), and its function is attached in ablate/probes.py with `@probe(COS_SIM)`: it receives the step's measurements (`ProbeInputs` there) and returns one
 device tensor of its values, one a layer (per part) when `per_layer`. The training loop joins
 every probe's tensor in one `torch.cat` and one copy to the host, in declaration order, and names the values from the registration, so a name and its value cannot drift apart.
 
@@ -60,19 +60,21 @@ FUNCTIONS: dict[str, Callable[[Any], Any]] = {}  # probe key -> its function (ab
 
 
 def declare(name: str, *, per_layer: bool, when: str = "logged", parts: tuple[str, ...] = (),
-            heatmap: Heatmap | None = None, doc: str = "") -> None:
+            heatmap: Heatmap | None = None, doc: str = "") -> Probe:
     """Declare probe `name` (its values come in declaration order); a key taken twice is refused."""
     if when not in WHEN:
         raise ValueError(f"probe {name!r}: when={when!r}; valid: {', '.join(WHEN)}")
     declared = Probe(name, per_layer, when, tuple(parts), heatmap, doc)
     PROBES.register(declared.key, declared, origin="ablate.probe_registry")
+    return declared
 
 
-def probe(name: str, *, per_layer: bool, parts: tuple[str, ...] = ()):
-    """Attach the decorated function to the declared probe `name`: undeclared, declared
-    otherwise (per_layer, parts) or attached twice is refused."""
-    key = Probe(name, per_layer, "logged", tuple(parts)).key
-    PROBES.get(key)  # refuses an undeclared probe, naming the declared ones
+def probe(declared: Probe):
+    """Attach the decorated function to a probe `declare` returned: one not declared (or declared
+    otherwise) or attached twice is refused."""
+    key = declared.key
+    if PROBES.get(key) != declared:  # PROBES.get refuses an undeclared key, naming the declared ones
+        raise PROBES.error(f"probe {key!r} is declared otherwise: {PROBES.get(key)}")
 
     def attach(fn: Callable) -> Callable:
         if key in FUNCTIONS:
@@ -101,19 +103,22 @@ def layer_heatmaps() -> dict[str, Heatmap]:
 
 # The probes, in the order their values are logged. Gradient norms are taken before clipping;
 # activation norms are RMS of the residual stream after each block.
-declare("grad_norm", per_layer=False, doc="L2 norm of every gradient")
-declare("grad_norm/embed", per_layer=False, doc="L2 norm of the token and position embeddings' gradients")
-declare("grad_norm", per_layer=True, doc="L2 norm of each block's gradients",
-        heatmap=Heatmap("gradient norm", "gradient norm (L2)", True))
-declare("grad_norm", per_layer=True, parts=KINDS,
-        doc="L2 norm of each block's attention, MLP and norm gradients")
-declare("act_norm", per_layer=True, doc="RMS of the residual stream after each block")
-declare("update_ratio", per_layer=True, when="update", doc="|update| / |weights before it|, per block")
-declare("attn_logit_max", per_layer=True, when="stability", doc="largest q.k/sqrt(d_head) under the causal mask",
-        heatmap=Heatmap("attention logit max", "max q.k/sqrt(d_head)", False))
-declare("attn_entropy", per_layer=True, when="stability", doc="mean attention entropy (nats)")
-declare("cos_sim", per_layer=True, when="stability", doc="mean pairwise cosine of the token vectors (1 = rank collapse)",
-        heatmap=Heatmap("token cosine similarity", "mean pairwise cosine (1 = rank collapse)", False))
-declare("block_change", per_layer=True, when="stability", doc="RMS(block output - input) / RMS(input)")
-declare("logit_lse", per_layer=False, when="stability", doc="mean log-partition of the output logits")
-declare("logit_max", per_layer=False, when="stability", doc="largest output logit")
+GRAD_NORM = declare("grad_norm", per_layer=False, doc="L2 norm of every gradient")
+GRAD_NORM_EMBED = declare("grad_norm/embed", per_layer=False,
+                          doc="L2 norm of the token and position embeddings' gradients")
+GRAD_NORM_LAYERS = declare("grad_norm", per_layer=True, doc="L2 norm of each block's gradients",
+                           heatmap=Heatmap("gradient norm", "gradient norm (L2)", True))
+GRAD_NORM_KINDS = declare("grad_norm", per_layer=True, parts=KINDS,
+                          doc="L2 norm of each block's attention, MLP and norm gradients")
+ACT_NORM = declare("act_norm", per_layer=True, doc="RMS of the residual stream after each block")
+UPDATE_RATIO = declare("update_ratio", per_layer=True, when="update", doc="|update| / |weights before it|, per block")
+ATTN_LOGIT_MAX = declare("attn_logit_max", per_layer=True, when="stability",
+                         doc="largest q.k/sqrt(d_head) under the causal mask",
+                         heatmap=Heatmap("attention logit max", "max q.k/sqrt(d_head)", False))
+ATTN_ENTROPY = declare("attn_entropy", per_layer=True, when="stability", doc="mean attention entropy (nats)")
+COS_SIM = declare("cos_sim", per_layer=True, when="stability",
+                  doc="mean pairwise cosine of the token vectors (1 = rank collapse)",
+                  heatmap=Heatmap("token cosine similarity", "mean pairwise cosine (1 = rank collapse)", False))
+BLOCK_CHANGE = declare("block_change", per_layer=True, when="stability", doc="RMS(block output - input) / RMS(input)")
+LOGIT_LSE = declare("logit_lse", per_layer=False, when="stability", doc="mean log-partition of the output logits")
+LOGIT_MAX = declare("logit_max", per_layer=False, when="stability", doc="largest output logit")

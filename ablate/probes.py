@@ -10,8 +10,8 @@ The stability probes (attention logits, output logits, rank collapse; see `Stabi
 at a few sequences of the batch on the steps the training loop asks for, and join the same
 single copy.
 
-Each probe is a function registered below with `@probe(name, per_layer=...)` (declared in
-ablate/probe_registry.py): it takes the step's shared measurements (a namespace of device
+Each probe is a function registered below with `@probe(COS_SIM)` (the probe declared under
+that name in ablate/probe_registry.py): it takes the step's shared measurements (a namespace of device
 tensors) and returns its values as one tensor; `measured` joins them with one `torch.cat`.
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from types import SimpleNamespace
 
 from ablate.model import GPT
+from ablate import probe_registry as pr  # the declared probes: pr.COS_SIM, ...
 from ablate.probe_registry import FUNCTIONS, KINDS, Probe, check_attached, probe, probes
 from ablate.rundir import finite_or_none
 
@@ -300,63 +301,63 @@ def _checked(p: Probe, values: torch.Tensor) -> torch.Tensor:
 # bucket_sq, kinds_sq (Probes.grad_norms) and act_rms; `update` has Probes.update_inputs;
 # `stability` has Stability.measure's logit_max, entropy, logits, block_out and stream_in.
 
-@probe("grad_norm", per_layer=False)
+@probe(pr.GRAD_NORM)
 def grad_norm_total(s) -> torch.Tensor:
     return s.grad_sq.sum().view(1).sqrt()
 
 
-@probe("grad_norm/embed", per_layer=False)
+@probe(pr.GRAD_NORM_EMBED)
 def grad_norm_embed(s) -> torch.Tensor:
     return s.bucket_sq[:1].sqrt()
 
 
-@probe("grad_norm", per_layer=True)
+@probe(pr.GRAD_NORM_LAYERS)
 def grad_norm_per_layer(s) -> torch.Tensor:
     return s.kinds_sq.sum(1).sqrt()
 
 
-@probe("grad_norm", per_layer=True, parts=KINDS)
+@probe(pr.GRAD_NORM_KINDS)
 def grad_norm_per_kind(s) -> torch.Tensor:
     return s.kinds_sq.flatten().sqrt()
 
 
-@probe("act_norm", per_layer=True)
+@probe(pr.ACT_NORM)
 def act_norm(s) -> torch.Tensor:
     return s.act_rms
 
 
-@probe("update_ratio", per_layer=True)
+@probe(pr.UPDATE_RATIO)
 def update_ratio(s) -> torch.Tensor:
     zeros = torch.zeros(s.n_layer, device=s.update_sq.device)
     return (zeros.index_add(0, s.block_layer, s.update_sq) / zeros.index_add(0, s.block_layer, s.weight_sq)).sqrt()
 
 
-@probe("attn_logit_max", per_layer=True)
+@probe(pr.ATTN_LOGIT_MAX)
 def attn_logit_max(s) -> torch.Tensor:
     return s.logit_max
 
 
-@probe("attn_entropy", per_layer=True)
+@probe(pr.ATTN_ENTROPY)
 def attn_entropy(s) -> torch.Tensor:
     return s.entropy
 
 
-@probe("cos_sim", per_layer=True)
+@probe(pr.COS_SIM)
 def cos_sim(s) -> torch.Tensor:
     return mean_cosine_similarity(s.block_out)
 
 
-@probe("block_change", per_layer=True)
+@probe(pr.BLOCK_CHANGE)
 def block_change(s) -> torch.Tensor:
     return relative_change(s.stream_in, s.block_out)
 
 
-@probe("logit_lse", per_layer=False)
+@probe(pr.LOGIT_LSE)
 def logit_lse(s) -> torch.Tensor:
     return output_log_partition(s.logits).view(1)
 
 
-@probe("logit_max", per_layer=False)
+@probe(pr.LOGIT_MAX)
 def logit_max(s) -> torch.Tensor:
     return s.logits.amax().view(1)
 

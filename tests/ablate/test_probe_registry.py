@@ -37,11 +37,13 @@ def test_a_probe_declared_twice_is_refused():
 
 def test_a_function_for_an_undeclared_probe_or_a_second_function_is_refused():
     with pytest.raises(RegistryError, match="unknown probe 'no_such_probe'"):
-        probe("no_such_probe", per_layer=False)
+        probe(Probe("no_such_probe", False, "logged"))
     with pytest.raises(RegistryError, match="unknown probe 'cos_sim'"):  # declared per layer, not as one value
-        probe("cos_sim", per_layer=False)
+        probe(Probe("cos_sim", False, "stability"))
+    with pytest.raises(RegistryError, match="'cos_sim/layer_\\*' is declared otherwise"):  # measured on other steps
+        probe(Probe("cos_sim", True, "logged"))
     with pytest.raises(RegistryError, match="two functions"):
-        probe("cos_sim", per_layer=True)(lambda s: s)
+        probe(probe_registry.COS_SIM)(lambda s: s)
 
 
 def test_each_value_lands_under_its_own_name():
