@@ -10,10 +10,10 @@ batches, so the engine (claims.py) pairs the two sides key by key.
     def my_measure(ctx, cells, params):        # cells: the cell_metrics rows of one key
         return float(...)                      # NaN: no value for this key
 
-`test` names how the engine tests the paired values (analysis/decide.py): "t" (paired t-test
-on the differences, or non-inferiority within a margin), "binary" (0/1 outcomes: exact McNemar
-test on the discordant pairs, or an exact binomial test against a rate) or "exact" (a
-deterministic count, compared without a test). `requires = {"lr": 5}` refuses, when the claim
+`test` names the kind of the paired values (analysis/decide.py): "t" (a continuous measure) and
+"binary" (0/1 outcomes, read per seed as the share of failed cells) are both tested by the exact
+sign test about the median seed (a - b, against a bound, or within a non-inferiority margin);
+"exact" is a deterministic count, compared without a test. `requires = {"lr": 5}` refuses, when the claim
 is loaded, a comparison whose side has fewer distinct values of that axis on its grid: a measure
 that cannot vary there would only ever say "cannot tell".
 

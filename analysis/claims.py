@@ -84,13 +84,14 @@ The rules (analysis/decide.py and analysis/sequential.py apply them):
               on the same repeated confidence bounds (Jennison & Turnbull 1989, JRSS B 51(3),
               305-361), non-binding. So the error rate holds however many looks are taken.
   cannot tell says what the data exclude (the interval's ends) and about how many seeds would
-              resolve the declared smallest effect (not the observed one): for a t test, one-sided
-              power 0.8 at alpha / (number of clauses), Holm's first step, from the spread of a - b
+              resolve the declared smallest effect (not the observed one): for a continuous
+              measure, the sign test's one-sided power 0.8 for a median shift of the effect at
+              alpha / (number of clauses), Holm's first step, from the spread of a - b
               pooled across the comparison's design points (each rate's differences over seeds:
               many more degrees of freedom than three seeds' means, and an upper bound on their
               spread), and again at that spread's one-sided 80% upper confidence bound (chi-square
               on its degrees of freedom), as a few degrees of freedom can read a spread well under
-              the truth; for a sign test, the fewest seeds at which it can decide at Holm's first
+              the truth; for a failure share, the fewest seeds at which it can decide at Holm's first
               step (the load-time note gives it at the full level too); none for an exact count.
 """
 from __future__ import annotations
