@@ -20,6 +20,7 @@ from pathlib import Path
 from ablate.claim.looks import UNDECIDED
 from ablate.cores import cpu_count
 from ablate.errors import ConfigError
+from ablate.variant_axes import AXES
 
 ALL = "all"
 DEFAULT_ROOT = Path("runs") / "claims"
@@ -268,8 +269,7 @@ def grid_cells(grid):
     for cell in grid.cells:
         cfg = grid.configs[cell.id]
         spec = cfg.spec
-        rows.append({"cell_id": cell.id, "seed": cfg.seed, "norm": spec.norm, "norm_type": spec.norm_type,
-                     "act": spec.act, "mlp": spec.mlp, "residual": spec.residual, "qk_norm": spec.qk_norm,
+        rows.append({"cell_id": cell.id, "seed": cfg.seed, **{axis: getattr(spec, axis) for axis in AXES},
                      "lr": cfg.lr, "warmup": cfg.warmup, "init": cfg.init_name, "mlp_ratio": cfg.mlp_ratio,
                      "n_layer": cfg.size.n_layer, "width": cfg.size.d_model, "planned_steps": cfg.steps,
                      "schedule": cfg.schedule, "grad_clip": cfg.grad_clip})

@@ -516,3 +516,14 @@ def test_quick_workers_count_the_cores_this_process_may_use(monkeypatch):
 
     monkeypatch.setattr(reproduce, "cpu_count", lambda: 1)  # a taskset or SLURM share of one core
     assert reproduce.quick_workers() == 1
+
+
+def test_grid_cells_has_a_column_per_declared_variant_axis(monkeypatch):
+    import ablate.commands.reproduce as reproduce
+    from ablate.grid.spec import load_grid
+    from ablate.variant_axes import AXES
+
+    grid = load_grid("claim-prenorm-wins")
+    assert list(reproduce.grid_cells(grid).columns[2:2 + len(AXES)]) == list(AXES)
+    monkeypatch.setattr(reproduce, "AXES", ("norm",))  # the columns follow the declaration, not a list of their own
+    assert "qk_norm" not in reproduce.grid_cells(grid).columns
