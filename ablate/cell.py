@@ -20,7 +20,8 @@ from ablate.config import TrainConfig, group_id, resolve, seeded_id, with_seed
 from ablate.errors import ConfigError
 # finished_status and failed_summary are the run folder's (ablate.rundir); the backends and
 # commands that run cells import them from here too.
-from ablate.rundir import (ATTEMPTS, CONFIG, DONE, FAILED, SUMMARY, CellLock, failed_summary, file_version,  # noqa: F401
+from ablate.rundir import (ATTEMPTS, CELL_BUSY, CELL_SKIPPED, CELL_TRAINED, CONFIG, DONE, FAILED, SUMMARY,  # noqa: F401
+                           CellLock, failed_summary, file_version,
                            finished_status, read_summary, remove_stale_temporaries, replace_atomic, write_json_atomic)
 
 # A cell id names a folder: one path component, at most NAME_MAX bytes on Linux file systems.
@@ -112,7 +113,7 @@ class CellResources:
 @dataclass
 class CellOutcome:
     cell_id: str
-    outcome: str  # trained | skipped (already finished) | busy (another process holds it)
+    outcome: str  # CELL_TRAINED | CELL_SKIPPED (already finished) | CELL_BUSY (another process holds it)
     summary: dict[str, Any] | None
 
 
@@ -144,7 +145,7 @@ def run_cell(cell: Cell, out_root: str | Path, retries: int = 0, quiet: bool = T
     plan = plan_run(cell, execution, run_dir)
     lock = CellLock(run_dir)
     if not lock.acquire():
-        return CellOutcome(cell.id, "busy", None)
+        return CellOutcome(cell.id, CELL_BUSY, None)
     try:
         status = finished_status(run_dir)
         if status in DONE:  # finished while we waited for the lock
@@ -156,7 +157,7 @@ def run_cell(cell: Cell, out_root: str | Path, retries: int = 0, quiet: bool = T
         first = _next_error_index(run_dir)
         for attempt in range(retries + 1):
             try:
-                return CellOutcome(cell.id, "trained", train(cell, run_dir, quiet=quiet, plan=plan))
+                return CellOutcome(cell.id, CELL_TRAINED, train(cell, run_dir, quiet=quiet, plan=plan))
             except ConfigError:
                 raise  # the user's input, not the run, is wrong: nothing to record
             except OSError as e:
@@ -170,7 +171,7 @@ def run_cell(cell: Cell, out_root: str | Path, retries: int = 0, quiet: bool = T
             if attempt == retries:
                 summary = failed_summary(error, attempts_before + attempt + 1)
                 write_json_atomic(run_dir / SUMMARY, summary)
-                return CellOutcome(cell.id, "trained", summary)
+                return CellOutcome(cell.id, CELL_TRAINED, summary)
     finally:
         lock.release()
     raise AssertionError("unreachable")
@@ -228,7 +229,7 @@ def _finished(cell: Cell, run_dir: Path) -> CellOutcome:
     from ablate.train import check_existing_run
 
     check_existing_run(cell, run_dir)
-    return CellOutcome(cell.id, "skipped", read_summary(run_dir))
+    return CellOutcome(cell.id, CELL_SKIPPED, read_summary(run_dir))
 
 
 # SLURM jobs submitted before the rename unpickle their cell's resources under the old name.

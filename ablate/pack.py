@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ablate.errors import ConfigError
-from ablate.rundir import CONFIG, CellLock, file_version, finished_status, read_summary, remove_stale_temporaries
+from ablate.rundir import (CELL_TRAINED, CONFIG, CellLock, file_version, finished_status, read_summary,
+                           remove_stale_temporaries)
 
 if TYPE_CHECKING:  # the CLI reads STACK_DEFAULT without importing torch (ablate.cell does)
     from ablate.cell import Cell, CellOutcome, CellResources
@@ -186,4 +187,4 @@ def run_pack(members: list[tuple[Cell, CellResources]], out_root, retries: int, 
     outcomes = {}
     for cell, execution in [(c, x) for c, x, _ in ready] + left:
         outcomes[cell.id] = alone(cell, out_root, retries, quiet, execution=execution)
-    return outcomes.get(lead.id) or CellOutcome(lead.id, "trained", read_summary(Path(out_root) / lead.id))
+    return outcomes.get(lead.id) or CellOutcome(lead.id, CELL_TRAINED, read_summary(Path(out_root) / lead.id))

@@ -7,14 +7,14 @@ import time
 from collections import Counter
 from typing import Any, Iterable
 
-from ablate.rundir import COMPLETED, DIVERGED, FAILED
+from ablate.rundir import CELL_BUSY, CELL_SKIPPED, CELL_TRAINED, COMPLETED, DIVERGED, DONE, FAILED
 from ablate.timefmt import fmt_time
 
 
 def describe_result(outcome: str, summary: dict | None) -> tuple[str, str]:
     """(status, detail) for a line about a finished cell."""
-    if outcome == "busy":
-        return "busy", "running in another process"
+    if outcome == CELL_BUSY:
+        return CELL_BUSY, "running in another process"
     s = summary or {}
     status = s.get("status", FAILED)
     if status == COMPLETED:
@@ -26,7 +26,7 @@ def describe_result(outcome: str, summary: dict | None) -> tuple[str, str]:
     else:
         attempts = s.get("attempts")
         detail = (s.get("error") or "unknown error") + (f" ({attempts} attempts)" if attempts else "")
-    if outcome == "skipped":
+    if outcome == CELL_SKIPPED:
         detail = f"already finished: {detail}"
     return status, detail
 
@@ -67,8 +67,8 @@ class Progress:
         if self.bar is not None:
             c = self.counts
             self.bar.set_postfix_str(
-                f"done={c['completed'] + c['diverged']} running={len(self.running)} failed={c['failed']}"
-                + (f" busy={c['busy']}" if c["busy"] else ""), refresh=True)
+                f"done={sum(c[s] for s in DONE)} running={len(self.running)} failed={c[FAILED]}"
+                + (f" busy={c[CELL_BUSY]}" if c[CELL_BUSY] else ""), refresh=True)
 
     def started(self, slot: int, cell_id: str) -> None:
         self.running[slot] = cell_id
@@ -92,7 +92,7 @@ class Progress:
         status, detail = describe_result(outcome, summary)
         self.counts[status] += 1
         self.done += 1
-        took = f"  ({fmt_time(seconds)})" if seconds is not None and outcome == "trained" else ""
+        took = f"  ({fmt_time(seconds)})" if seconds is not None and outcome == CELL_TRAINED else ""
         self.write(f"[{self.done}/{self.to_run}] {status:<9} {cell_id}  {detail}{took}")
         if self.bar is not None:
             self.bar.update(1)

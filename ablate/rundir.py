@@ -50,6 +50,9 @@ FINISHED = DONE + (FAILED,)
 RUNNING, PENDING = "running", "pending"
 INTERRUPTED = "interrupted"
 STATUSES = FINISHED + (RUNNING, PENDING)  # what `status` answers (and grid.json records)
+# What one call did with a cell (cell.CellOutcome): trained it (to any status above), found it
+# finished, or found another process training it.
+CELL_TRAINED, CELL_SKIPPED, CELL_BUSY = "trained", "skipped", "busy"
 
 # ------------------------------------------------------------------------------ summary.json
 

@@ -347,13 +347,18 @@ def act_rms_growth(ctx, cell, params) -> float:
 # ------------------------------------------------------------------------------ stability
 
 
-@measure("diverged", "share diverged", "1 when the run diverged (a non-finite or exploding loss), 0 when it "
+# The measures that count diverged runs (a claim's comparison of them notes when those runs went non-finite).
+DIVERGED_MEASURE, FAILED_MEASURE = "diverged", "failed"
+COUNTS_DIVERGED = (DIVERGED_MEASURE, FAILED_MEASURE)
+
+
+@measure(DIVERGED_MEASURE, "share diverged", "1 when the run diverged (a non-finite or exploding loss), 0 when it "
          "completed (trained or plateaued)", test="binary", stability=True)
 def diverged(ctx, cell, params) -> float:
     return 1.0 if _outcome(cell) == DIVERGED else 0.0
 
 
-@measure("failed", "share failed", "1 when the training run failed (plateaued on the unigram entropy or "
+@measure(FAILED_MEASURE, "share failed", "1 when the training run failed (plateaued on the unigram entropy or "
          "diverged: analysis/outcomes.py), 0 when it trained", test="binary", stability=True)
 def failed(ctx, cell, params) -> float:
     return 1.0 if _outcome(cell) in FAILED_TRAINING else 0.0

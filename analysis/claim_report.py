@@ -282,7 +282,8 @@ def best_rates(results) -> dict:
 
 
 def _plain(x):
-    """Lists for tuples, Python numbers for numpy's, null for a non-finite number (an unbounded interval, an exact count's boundary)."""
+    """Lists for tuples, Python numbers for numpy's, null for a non-finite number (an unbounded
+    interval, an exact count's boundary)."""
     if isinstance(x, dict):
         return {k: _plain(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):

@@ -38,6 +38,7 @@ import pandas as pd
 from ablate.analysis.load import DONE
 from ablate.analysis.stats import (BATCH_KEYS, DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED, VERDICT_VALUE,
                                    Comparison, Interval, mean_interval, paired_comparison)
+from ablate.analysis.outcomes import PLATEAUED
 from ablate.rundir import COMPLETED, DIVERGED
 
 MIN_LRS = 3
@@ -179,7 +180,7 @@ def unstable_lr(by_lr: pd.DataFrame, best_lr: float | None) -> tuple[float | Non
         diverged = row.n_diverged > 0
         stuck = row.n_plateau > 0 and best_lr is not None and row.lr > best_lr
         if diverged or stuck:
-            return row.lr, " and ".join(w for w, hit in (("diverged", diverged), ("plateaued", stuck)) if hit)
+            return row.lr, " and ".join(w for w, hit in ((DIVERGED, diverged), (PLATEAUED, stuck)) if hit)
     return None, ""
 
 

@@ -351,7 +351,7 @@ def group_stats(cells: pd.DataFrame, value: str = VERDICT_VALUE, confidence: flo
             f"{value}_ci_high": interval.high if interval else float("nan"),
             "interval": interval_note(values.size, confidence),
             "divergence_rate": counts[DIVERGED] / trained if trained else float("nan"),
-            "divergence": f"{counts['diverged']}/{trained}",
+            "divergence": f"{counts[DIVERGED]}/{trained}",
         }
         settled = members[members["status"].isin(DONE)]
         for metric, how in [("final_loss", "mean"), ("final_val_loss", "mean"), ("spikes", "mean"),

@@ -15,11 +15,12 @@ import pandas as pd
 
 from ablate.analysis import decide
 from ablate.analysis.cpu_forms import mix_note
-from ablate.analysis.claim_measures import MEASURES, Context, Measure, MeasureUnavailable, values_by_key
+from ablate.analysis.claim_measures import (COUNTS_DIVERGED, MEASURES, Context, Measure, MeasureUnavailable,
+                                            values_by_key)
 from ablate.analysis.claims import NON_INFERIORITY, Claim, Clause, Compare
 from ablate.analysis.load import Runs, load_runs
 from ablate.analysis.metrics import cell_metrics
-from ablate.analysis.outcomes import OUTCOMES
+from ablate.analysis.outcomes import FAILED, OUTCOMES
 from ablate.analysis.rate_choice import near_rates, open_axes
 from ablate.analysis.selection import COLUMN_OF, SelectionError, select
 from ablate.analysis.stats import ONE_SIDED_ALPHA, adjust_p_values
@@ -382,7 +383,7 @@ def seeds_needed(r: Result, level: float, upper: bool = False) -> int | None:
 
 def _nonfinite_note(ctx: Context, m: Measure, sides: dict) -> str:
     """For failure measures: when each side's diverged runs first went non-finite."""
-    if m.name not in ("diverged", "failed"):
+    if m.name not in COUNTS_DIVERGED:
         return ""
     from ablate.analysis.claim_measures import first_nonfinite_step
 
@@ -445,5 +446,5 @@ def at_best_lr(cells: pd.DataFrame, varying: list[str], choose_on=None) -> tuple
 
 def outcome_counts(counts: dict) -> str:
     """"6 trained, 2 plateaued, 1 diverged" (and any that did not finish)."""
-    words = [f"{counts[o]} {o}" for o in (*OUTCOMES, "failed") if counts.get(o)]
+    words = [f"{counts[o]} {o}" for o in (*OUTCOMES, FAILED) if counts.get(o)]
     return ", ".join(words) or "no cells"

@@ -25,7 +25,7 @@ from typing import Any, Callable
 from ablate.cell import ENVIRONMENT_ERRNOS, Cell, CellOutcome, CellResources, failed_summary, run_cell
 from ablate.errors import ConfigError
 from ablate.progress import Progress
-from ablate.rundir import SUMMARY, CellLock, read_json, write_json_atomic
+from ablate.rundir import CELL_BUSY, SUMMARY, CellLock, read_json, write_json_atomic
 
 CellFn = Callable[..., CellOutcome]  # run_cell's signature: (cell, out_root, retries, quiet, execution=)
 OnChange = Callable[..., None]  # on_change(cell_id=ID) when a cell starts or ends; on_change(idle=True) while waiting
@@ -101,7 +101,7 @@ def record_payload(progress: Progress, result: RunResult, slot: int | None, cell
     kind = payload[0]
     if kind == "done":
         status = progress.finished(slot, cell.id, payload[1], payload[2], seconds)
-        result.outcomes[cell.id] = "busy" if payload[1] == "busy" else status
+        result.outcomes[cell.id] = CELL_BUSY if payload[1] == CELL_BUSY else status
         return
     progress.running.pop(slot, None)
     if kind == "refused":

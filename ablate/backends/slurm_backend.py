@@ -33,7 +33,7 @@ from ablate.backends.base import Backend, RunResult, record_payload
 from ablate.cell import Cell, CellResources, finished_status
 from ablate.errors import ConfigError
 from ablate.progress import Progress
-from ablate.rundir import DONE, SUMMARY, read_json, write_json_atomic
+from ablate.rundir import CELL_TRAINED, DONE, SUMMARY, read_json, write_json_atomic
 
 INSTALL_HINT = "the slurm backend needs submitit, which is not installed; valid: pip install -e .[slurm], or --backend local|ray"
 CLUSTERS = ("slurm", "local", "debug")
@@ -282,7 +282,7 @@ def _run_queued(executor, folder: Path, cells, out_root, retries, wait, progress
                 if finished_status(run_dir) in DONE:
                     payload = read_result(folder, job_id)
                     if payload is None or payload[0] != "done":
-                        payload = ("done", "trained", read_json(run_dir / SUMMARY))
+                        payload = ("done", CELL_TRAINED, read_json(run_dir / SUMMARY))
                 elif states is None or slurm_tools.is_active(state):
                     # Queued, running or being requeued (a failed summary from an earlier run stays
                     # until the job sets it aside); or squeue did not answer: ask again.
@@ -290,7 +290,7 @@ def _run_queued(executor, folder: Path, cells, out_root, retries, wait, progress
                 elif state is None and time.time() - missing_since.setdefault(cell_id, time.time()) < 2 * poll:
                     continue  # not listed: make sure it is gone, not a query that raced a requeue
                 elif (run_dir / SUMMARY).exists():  # the job ended; its cell failed (run_cell recorded it)
-                    payload = ("done", "trained", read_json(run_dir / SUMMARY))
+                    payload = ("done", CELL_TRAINED, read_json(run_dir / SUMMARY))
                 else:
                     payload = _ended_payload(folder, job_id, state)
                 del follow[cell_id]
@@ -340,7 +340,7 @@ def _run_unqueued(executor, cluster, cells, out_root, retries, wait, progress, r
                 except Exception as e:  # noqa: BLE001
                     summary_path = Path(out_root) / cell.id / SUMMARY
                     if summary_path.exists():
-                        payload = ("done", "trained", read_json(summary_path))
+                        payload = ("done", CELL_TRAINED, read_json(summary_path))
                     else:
                         reason = " ".join(str(e).split())[:160] or type(e).__name__
                         payload = ("error", f"job {job_id} ended without a result ({reason}); rerun to resume")

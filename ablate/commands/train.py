@@ -8,7 +8,7 @@ from ablate.bounded_read import UnreadableFile, read_toml
 from ablate.config import EXECUTION, EXPERIMENT, OBSERVATION, OPTION_NAMES, OPTIONS, TRAIN_ID_OPTIONS
 from ablate.errors import ConfigError
 from ablate.grid.spec import parse_overrides
-from ablate.rundir import COMPLETED, FAILED
+from ablate.rundir import CELL_BUSY, CELL_SKIPPED, COMPLETED, FAILED
 from ablate.variants import AXES
 
 ROLE_TITLES = {EXPERIMENT: "experiment options (define the run; named in its folder when given)",
@@ -89,13 +89,13 @@ def run(args) -> int:
             return 130
         raise
     s = result.summary or {}
-    if result.outcome == "busy":
+    if result.outcome == CELL_BUSY:
         print(f"{run_dir} is being trained by another process; nothing to do", file=sys.stderr)
         return 1
     if s.get("status") == FAILED:  # never exit 0 over a failed run, also one failed by another process
         print(f"{run_dir}: failed: {s['error']}", file=sys.stderr)
         return 1
-    if result.outcome == "skipped":
+    if result.outcome == CELL_SKIPPED:
         print(f"{run_dir} already finished ({s['status']}); nothing to do")
     else:
         val = s["final_val_loss"]

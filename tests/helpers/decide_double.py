@@ -65,7 +65,9 @@ def _finished(cells, selector: dict, seeds) -> list | None:
     """The final losses of the finished cells `selector` names at `seeds`, or None if one is missing."""
     from ablate.analysis.selection import select
 
-    frame = cells[cells["status"].isin(["completed", "diverged"])]
+    from ablate.rundir import DONE
+
+    frame = cells[cells["status"].isin(DONE)]
     values = []
     for seed in seeds:
         rows = frame[select(frame, {**selector, "seed": seed})]

@@ -17,11 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ablate.rundir import COMPLETED, DIVERGED, FAILED, FINISHED, RUNNING
+
 DEFAULT_VARIANT = "pre.layernorm.gelu.dense.res"
 GATED_MLPS = ("swiglu", "geglu", "reglu")
 TOKENS_PER_STEP = 1024
 DIVERGE_FACTOR = 2.0  # as the engine's default: diverged when loss > 2 x the first loss
-STATUSES = ("completed", "diverged", "failed", "running")
+STATUSES = (*FINISHED, RUNNING)  # what a synthetic run may be (ablate/rundir.py declares the words)
 
 
 @dataclass
@@ -38,7 +40,7 @@ class SyntheticRun:
 
     @property
     def status(self) -> str:
-        return self.summary["status"] if self.summary else "running"
+        return self.summary["status"] if self.summary else RUNNING
 
 
 def variant_axes(variant_id: str) -> dict[str, Any]:
@@ -128,10 +130,10 @@ def write_run(
     bad = [i for i, x in enumerate(losses)
            if not math.isfinite(x) or (first is not None and x > DIVERGE_FACTOR * first)]
     if status is None:
-        status = "diverged" if bad else "completed"
+        status = DIVERGED if bad else COMPLETED
     if status not in STATUSES:
         raise ValueError(f"status {status!r}; valid: {', '.join(STATUSES)}")
-    if status == "diverged" and diverged_at_step is None:
+    if status == DIVERGED and diverged_at_step is None:
         diverged_at_step = bad[0] if bad else n_steps - 1
 
     if isinstance(val_loss, Mapping):
@@ -205,17 +207,17 @@ def write_run(
     (run_dir / "metrics.jsonl").write_text(text)
 
     summary = None
-    if status != "running":
-        healthy = status == "completed"
+    if status != RUNNING:
+        healthy = status == COMPLETED
         finite = [x for x in losses if math.isfinite(x)]
         summary = {
             "status": status,
             "final_loss": sum(finite[-10:]) / len(finite[-10:]) if healthy and finite else None,
             "final_val_loss": _finite(val_by_step[max(val_by_step)]) if healthy and val_by_step else None,
-            "diverged_at_step": diverged_at_step if status == "diverged" else None,
+            "diverged_at_step": diverged_at_step if status == DIVERGED else None,
             "steps": n_steps,
             "wall_time_s": 0.1 * n_steps,
-            "error": "RuntimeError: synthetic failure" if status == "failed" else None,
+            "error": "RuntimeError: synthetic failure" if status == FAILED else None,
         }
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return SyntheticRun(run_dir, cell_id, group, seed, variant, options, config, rows, summary)
