@@ -151,12 +151,12 @@ def identity(config: Mapping[str, Any], compared: Mapping[str, Any]) -> dict[str
     option a config written before it existed lacks had its default there: the option's
     definition is that its default changes nothing. One recorded as resolved (RECORDED_AT) is
     read where it is recorded, and not compared when an older config lacks it."""
-    train = _object(config.get("train"))
+    train = json_object(config.get("train"))
     ident = {k: train.get(k, default) for k, default in compared.items() if k not in RECORDED_AT}
     for key, (section, *inner) in RECORDED_AT.items():
         value = config.get(section)
         for name in inner:
-            value = _object(value).get(name)
+            value = json_object(value).get(name)
         if value is not None:
             ident[key] = value
     return ident
@@ -168,7 +168,7 @@ def differing(old: Mapping[str, Any], new: Mapping[str, Any], compared: Mapping[
     return [k for k in b if k in a and a[k] != b[k]]
 
 
-def _object(value: Any) -> Mapping[str, Any]:
+def json_object(value: Any) -> Mapping[str, Any]:
     """`value` if it is a JSON object, else an empty one: a damaged field is no crash."""
     return value if isinstance(value, dict) else {}
 

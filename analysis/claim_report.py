@@ -12,7 +12,7 @@ from ablate.analysis.claims import Claim
 from ablate.analysis.decide import ESTIMANDS, SPREAD_UPPER_LEVEL, z_of
 from ablate.analysis.outcomes import SCORING_RULE
 from ablate.analysis.rate_choice import CHOSEN_NOT_BEST, near_text
-from ablate.analysis.safe_files import replace_atomic
+from ablate.analysis.safe_files import write_text_atomic
 from ablate.analysis.stats import ONE_SIDED_ALPHA
 from ablate.analysis.verdict import (CANNOT_TELL, CORRECTION, DISAGREES, ClauseResult, Result, Verdict, conjunction,
                                      evaluate, headline_status, outcome_counts)
@@ -341,8 +341,8 @@ def write_claim_report(claim: Claim, out: Path, full: bool = True, cells: Path |
         path = write_report(out, preamble_sections=[section], analysis=analysis)
     else:
         path = out / "report.md"
-        _write(path, f"# Claim: {claim.name}\n\n{section}\n")
-    _write(out / VERDICT_JSON, json.dumps(as_dict(verdict), indent=2, default=str) + "\n")
+        write_text_atomic(path, f"# Claim: {claim.name}\n\n{section}\n")
+    write_text_atomic(out / VERDICT_JSON, json.dumps(as_dict(verdict), indent=2, default=str) + "\n")
     return path, verdict
 
 
@@ -375,10 +375,5 @@ def write_index(entries: list[tuple[Claim, Path, Verdict | None]], path: Path) -
                     lines += ["", f"![{claim.name}: {caption}]({plots}/claim_{claim.name}{suffix}.png)"]
         lines.append("")
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write(path, "\n".join(lines))
+    write_text_atomic(path, "\n".join(lines))
     return path
-
-
-def _write(path: Path, text: str) -> None:
-    # A fresh file renamed into place: a planted link at the name is replaced, never written through.
-    replace_atomic(path, lambda f: f.write(text.encode()), fsync=False)

@@ -29,7 +29,7 @@ from scipy import stats
 
 from ablate.analysis import scaling
 from ablate.analysis.cpu_forms import mix_note
-from ablate.analysis.safe_files import replace_atomic
+from ablate.analysis.safe_files import write_text_atomic
 from ablate.analysis.verdict import evaluate
 from ablate.bounded_read import LISTING_BYTES, read_json
 
@@ -37,8 +37,6 @@ LADDER_JSON, RESULT_JSON, REPORT_MD = "ladder.json", "ladder_result.json", "ladd
 LOSS_MEASURES = ("final_val_loss",)
 
 
-def _write(path: Path, text: str) -> None:
-    replace_atomic(path, lambda f: f.write(text.encode()), fsync=False)
 
 
 def _g(x, digits: int = 3) -> str:
@@ -234,8 +232,8 @@ def write_ladder_report(claim, out: Path) -> dict:
     plots = write_ladder_plots(summary, Path(out) / PLOTS_DIR)
     rungs = summary.pop("_rungs")
     del rungs
-    _write(Path(out) / RESULT_JSON, json.dumps(summary, indent=2, default=str) + "\n")
-    _write(Path(out) / REPORT_MD, ladder_markdown(summary, plots))
+    write_text_atomic(Path(out) / RESULT_JSON, json.dumps(summary, indent=2, default=str) + "\n")
+    write_text_atomic(Path(out) / REPORT_MD, ladder_markdown(summary, plots))
     return summary
 
 

@@ -30,7 +30,7 @@ from ablate.analysis.metrics import MAD_TO_STD
 from ablate.analysis.outcomes import PLATEAU_MARGIN, SCORING_RULE
 from ablate.analysis.stats import (BOOTSTRAP_MIN_VALUES, CONTROLS, CORRECTION_SHORT, CORRECTIONS, MEAN_INTERVAL_RULE,
                                    divergence_sentence, format_p)
-from ablate.analysis.safe_files import output_folder, replace_atomic
+from ablate.analysis.safe_files import output_folder, write_text_atomic
 from ablate.rundir import COMPLETED, DIVERGED, FAILED, RUNNING
 
 REPORT, SUMMARY_CSV, CELLS_CSV, PLOTS_DIR = "report.md", "summary.csv", "cells.csv", "plots"
@@ -51,10 +51,10 @@ def write_report(path: str | Path, baseline: str | None = None, preamble_section
 
     # Every output is written to a fresh file and renamed into place: a link planted at an
     # output's name is replaced, never written through (ablate.rundir.replace_atomic).
-    _write_text(root / SUMMARY_CSV, analysis.summary.to_csv(index=False))
-    _write_text(root / CELLS_CSV, analysis.metrics.drop(columns=["path"], errors="ignore").to_csv(index=False))
+    write_text_atomic(root / SUMMARY_CSV, analysis.summary.to_csv(index=False))
+    write_text_atomic(root / CELLS_CSV, analysis.metrics.drop(columns=["path"], errors="ignore").to_csv(index=False))
     if analysis.lr_sweeps:
-        _write_text(root / LR_CSV, sweep_table(analysis.lr_sweeps).to_csv(index=False))
+        write_text_atomic(root / LR_CSV, sweep_table(analysis.lr_sweeps).to_csv(index=False))
     fresh = Path(tempfile.mkdtemp(prefix=".plots-", dir=root))  # a new folder: nothing planted in it
     try:
         written = make_plots(analysis, fresh, dpi)
@@ -66,12 +66,8 @@ def write_report(path: str | Path, baseline: str | None = None, preamble_section
     finally:
         shutil.rmtree(fresh, ignore_errors=True)
     out = root / REPORT
-    _write_text(out, text)
+    write_text_atomic(out, text)
     return out
-
-
-def _write_text(path: Path, text: str) -> None:
-    replace_atomic(path, lambda f: f.write(text.encode()), fsync=False)
 
 
 def _move_plots(fresh: Path, plots_dir: Path) -> None:

@@ -30,6 +30,12 @@ def replace_atomic(path: Path, write: Callable[[BinaryIO], Any], fsync: bool = T
         raise
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """A report's text, replaced whole (replace_atomic) without fsync: a report is rewritten from
+    its runs, so a crash costs a rerun, not a result."""
+    replace_atomic(path, lambda f: f.write(text.encode()), fsync=False)
+
+
 def create_temporary(path: Path) -> tuple[int, Path]:
     """A new file next to `path`, opened for writing. Not tempfile.mkstemp: that creates mode
     0600, and results on a shared machine must be readable by others like any other file

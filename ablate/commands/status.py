@@ -19,7 +19,7 @@ from ablate.bounded_read import parse_json
 from ablate.errors import ConfigError
 from ablate import rundir
 from ablate.rundir import (COMPLETED, CONFIG, DIVERGED, DONE, FAILED, FINISHED, GRID_JSON, INTERRUPTED, LOCK, METRICS,
-                           PENDING, RUNNING, open_regular)
+                           PENDING, RUNNING, json_object, open_regular)
 from ablate.timefmt import fmt_time
 
 TAIL_BYTES = 16384  # enough for a few metrics rows of a deep model's per-layer keys
@@ -53,11 +53,6 @@ def _read_object(path: Path) -> dict | None:
         return rundir.read_json(path, top=dict)
     except (OSError, ValueError):  # none, or damaged (bounded_read.UnreadableFile)
         return None
-
-
-def _object(value) -> dict:
-    """`value` if it is a JSON object, else an empty one: a damaged field is no crash."""
-    return value if isinstance(value, dict) else {}
 
 
 def tail_rows(path: Path, size: int = TAIL_BYTES) -> list[dict]:
@@ -106,7 +101,7 @@ def cell_state(run_dir: Path, cell_id: str, planned: int | None) -> CellState:
     status = rundir.status(run_dir)
     if status in FINISHED:
         return CellState(cell_id, status, planned)
-    steps = _object((_read_object(run_dir / CONFIG) or {}).get("train")).get("steps")
+    steps = json_object((_read_object(run_dir / CONFIG) or {}).get("train")).get("steps")
     planned = steps if isinstance(steps, int) else planned
     if status == PENDING and not (run_dir / METRICS).exists():
         return CellState(cell_id, PENDING, planned)
@@ -125,10 +120,10 @@ def grid_states(root: Path) -> tuple[dict | None, list[CellState]]:
     if (root / CONFIG).is_file():  # a lone run directory
         return None, [cell_state(root, root.name, None)]
     grid = _read_object(root / GRID_JSON)
-    cells = _object(grid).get("cells")
+    cells = json_object(grid).get("cells")
     listed = [c for c in cells if isinstance(c, dict) and isinstance(c.get("id"), str)] if isinstance(cells, list) else []
-    base_steps = _object(_object(grid).get("base")).get("steps")
-    planned = {c["id"]: _object(c.get("options")).get("steps", base_steps) for c in listed}
+    base_steps = json_object(json_object(grid).get("base")).get("steps")
+    planned = {c["id"]: json_object(c.get("options")).get("steps", base_steps) for c in listed}
     planned = {cid: steps if isinstance(steps, int) else None for cid, steps in planned.items()}
     others = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name not in planned
                     and ((p / CONFIG).is_file() or (p / LOCK).exists()))
