@@ -288,7 +288,7 @@ def _plain(x):
         return {k: _plain(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return [_plain(v) for v in x]
-    if hasattr(x, "item") and not isinstance(x, (str, bytes)):
+    if getattr(x, "ndim", None) == 0 and hasattr(x, "item"):
         x = x.item()  # a numpy scalar
     if isinstance(x, float) and not math.isfinite(x):
         return None
