@@ -24,12 +24,16 @@ from ablate.timefmt import fmt_time
 
 TAIL_BYTES = 16384  # enough for a few metrics rows of a deep model's per-layer keys
 MAX_TAIL_BYTES = 1 << 20
+MAX_INTERVAL_S = 24 * 3600  # `--interval`: a day between refreshes; more overflows time.sleep (inf, 1e10)
 
 
 def add_arguments(p) -> None:
+    from ablate.counts import amount
+
     p.add_argument("dir", metavar="DIR", help="a grid folder (grid.json and/or cell folders) or a run directory")
     p.add_argument("--watch", action="store_true", help="refresh until interrupted (Ctrl-C)")
-    p.add_argument("--interval", type=float, default=10.0, metavar="S", help="seconds between refreshes (default 10)")
+    p.add_argument("--interval", type=amount(0, MAX_INTERVAL_S), default=10.0, metavar="S",
+                   help="seconds between refreshes (default 10)")
 
 
 @dataclass

@@ -130,3 +130,12 @@ def test_status_returns_when_a_cells_metrics_is_a_fifo(tmp_path):
     result = run_cli("status", tmp_path, timeout=20)
     assert result.returncode == 0, result.stderr
     assert "1 cell: " in result.stdout and "interrupted" in result.stdout
+
+
+def test_an_interval_past_a_day_is_refused_before_any_refresh(tmp_path):
+    """inf, 1e10 or 400 digits overflowed time.sleep after the first refresh (OverflowError)."""
+    half_finished_grid(tmp_path)
+    for interval in ("inf", "1e10", "9" * 400):
+        result = run_cli("status", tmp_path, "--watch", "--interval", interval, timeout=30)
+        assert result.returncode == 2 and "valid:" in result.stderr and "Traceback" not in result.stderr
+        assert result.stdout == ""  # refused as the arguments are parsed, before a refresh
