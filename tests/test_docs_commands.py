@@ -247,7 +247,7 @@ def test_the_pages_show_commands_and_the_cheap_ones_run():
     real = [s for s in ABLATE if runs_for_real(s.argv)]
     assert len(ABLATE) >= 30 and len(real) >= 4, (len(ABLATE), len(real))
     readme = [s.argv for s in ABLATE if s.doc == "README.md"]
-    assert ("reproduce", "prenorm-wins", "--quick") in readme  # the quick start's main job
+    assert ("reproduce", "identity-init", "--decide") in readme  # the quick start's main job
 
 
 @pytest.mark.parametrize("doc", DOC_FILES, ids=lambda p: p.name)
