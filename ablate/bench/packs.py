@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+MAX_MEMBERS = 1024  # `--members`: pack sizes past any device's memory at these widths; more is a typo
 BASE = {"model": "tiny", "eval_every": 10**6, "eval_batches": 1, "final_eval_batches": 1,
         "kernels": "reference", "checkpoint_every": 10**6}
 
@@ -82,17 +83,44 @@ def run(widths: list[int], sizes: list[int], steps: int, captured: bool, device:
     return lines
 
 
+def whole_numbers(low: int, ceiling: int, single: bool = False):
+    """`type=` for a comma-separated list of whole numbers in low..ceiling (`single`: one number,
+    returned as it is); one line otherwise."""
+    from ablate.counts import count, shown
+
+    one = count(low, ceiling)
+
+    def parse(text: str) -> list[int]:
+        values = [one(part) for part in str(text).split(",")]
+        if min(values) < low or (single and len(values) > 1):
+            raise argparse.ArgumentTypeError(f"{shown(text)} is not {'a whole number' if single else 'whole numbers'}"
+                                             f" in {low}..{ceiling}; valid: {'one number' if single else 'comma-separated'}"
+                                             f" in {low}..{ceiling}")
+        return values[0] if single else values
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
+    from ablate.config import MAX_LAYERS, MAX_STEPS, MAX_WIDTH
+    from ablate.errors import ConfigError
+
     p = argparse.ArgumentParser(prog="python -m ablate.bench.packs", description=__doc__.split("\n\n")[0])
-    p.add_argument("--widths", default="64,256", help="model widths (default 64,256)")
-    p.add_argument("--members", default="1,8,32", help="pack sizes (default 1,8,32)")
-    p.add_argument("--steps", type=int, default=50, help="steps a run (default 50)")
+    p.add_argument("--widths", type=whole_numbers(1, MAX_WIDTH), default="64,256", help="model widths (default 64,256)")
+    p.add_argument("--members", type=whole_numbers(1, MAX_MEMBERS), default="1,8,32",
+                   help="pack sizes (default 1,8,32)")
+    p.add_argument("--steps", type=whole_numbers(1, MAX_STEPS, True), default=50, help="steps a run (default 50)")
     p.add_argument("--captured", action="store_true", help="also train each pack with its steps captured (CUDA)")
     p.add_argument("--device", default="auto", help="auto (default), cuda or cpu")
-    p.add_argument("--layers", type=int, default=12, help="blocks (default 12, as the claims' cells)")
+    p.add_argument("--layers", type=whole_numbers(1, MAX_LAYERS, True), default=12,
+                   help="blocks (default 12, as the claims' cells)")
     args = p.parse_args(argv)
-    run([int(w) for w in args.widths.split(",")], [int(k) for k in args.members.split(",")], args.steps,
-        args.captured, args.device, args.layers)
+    steps, layers = args.steps, args.layers
+    try:  # every width's cell checked (device, sizes) before the first is trained
+        for width in args.widths:
+            cells(width, 1, steps, args.device, layers)
+    except ConfigError as e:
+        p.error(str(e))
+    run(args.widths, args.members, steps, args.captured, args.device, layers)
     return 0
 
 
