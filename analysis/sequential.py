@@ -419,6 +419,7 @@ def _needs(results: list[Result], seeds: tuple) -> list:
 # ------------------------------------------------------------------- power, before training
 
 POWER_AT = (0.5, 1.0, 1.5)  # effects of interest, in standard deviations of the seeds' values, the plan states
+MAX_POWER_SEEDS = 100  # the last look's seeds up to which `power` is computed (0.4 s a call at 100, cubic)
 
 
 def power(effect_sd: float, level: float, looks: tuple = LOOKS) -> float:
@@ -462,9 +463,13 @@ def power_lines(claim: Claim, looks: tuple) -> list[str]:
         if all(k == "exact" for k in kinds):
             lines.append(head + "an exact count: decided at any seeds, no power to state")
             continue
+        what = "; ".join(dict.fromkeys(decide.ESTIMANDS[k] for k in kinds if k != "exact"))
+        if looks[-1] > MAX_POWER_SEEDS:  # --looks 3,10000 took hours here: the exact power grows as n^3
+            lines.append(head + f"exact sign test of {what}, {plan}{fresh}; power not computed past "
+                         f"{MAX_POWER_SEEDS} seeds")
+            continue
         first = [power(e, claim.alpha / m, looks) for e in POWER_AT]
         full = [power(e, claim.alpha, looks) for e in POWER_AT]
-        what = "; ".join(dict.fromkeys(decide.ESTIMANDS[k] for k in kinds if k != "exact"))
         if not any(full):
             lines.append(head + f"exact sign test of {what}, {plan}{fresh}: cannot decide at so few seeds (its "
                          f"smallest p, 1/2^n, is over one-sided {claim.alpha:g}): power 0; it describes")

@@ -561,3 +561,15 @@ def test_a_clause_waiting_for_its_other_comparison_says_which():
     c = decide_results(claim, results).clauses[0]
     assert c.status == CANNOT_TELL and c.waits_for == ["init slope"]
     assert "waits for its other comparison: init slope" in c.why
+
+
+def test_a_plan_past_the_power_ceiling_is_not_computed(monkeypatch):
+    """`--looks 3,10000` (or --seeds 10000) ran the exact power, cubic in the seeds, for hours."""
+    import ablate.analysis.sequential as sequential
+
+    def never(*args):
+        raise AssertionError("power computed past MAX_POWER_SEEDS")
+
+    monkeypatch.setattr(sequential, "power", never)
+    lines = sequential.power_lines(parse_claim(CLAIM), (3, sequential.MAX_POWER_SEEDS + 1))
+    assert lines and all(f"power not computed past {sequential.MAX_POWER_SEEDS} seeds" in line for line in lines)
