@@ -45,7 +45,9 @@ def parse_stack(value: Any) -> int | str:
     except (TypeError, ValueError):
         k = 0
     if k < 1 or str(value).strip() != str(k):
-        raise ConfigError(f"--stack {value!r} is not a member count; valid: auto, or a whole number 1 or more "
+        from ablate.counts import shown  # a 5,000-digit value, elided
+
+        raise ConfigError(f"--stack {shown(value)} is not a member count; valid: auto, or a whole number 1 or more "
                           "(1 trains every cell alone)")
     return k
 

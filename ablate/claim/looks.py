@@ -235,7 +235,9 @@ def parse_looks(text: str | None) -> tuple | None:
     except ValueError:
         looks = ()
     if not looks or looks[0] < 1 or any(b <= a for a, b in zip(looks, looks[1:])) or looks[-1] > 10_000:
-        raise ConfigError(f"--looks {text!r} is not a plan of looks; valid: seeds at each look, whole numbers rising "
+        from ablate.counts import shown  # a 400-digit look, elided
+
+        raise ConfigError(f"--looks {shown(text)} is not a plan of looks; valid: seeds at each look, whole numbers rising "
                           "from 1 to at most 10,000, comma-separated, e.g. 3,6,12,24")
     return looks
 

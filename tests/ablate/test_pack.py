@@ -119,3 +119,10 @@ def test_a_packed_grid_killed_mid_pack_resumes_to_the_same_results(tmp_path):
         assert untimed_rows(tmp_path / "killed" / i) == untimed_rows(tmp_path / "whole" / i)
         a, b = (json.loads((tmp_path / d / i / "summary.json").read_text()) for d in ("whole", "killed"))
         assert {k: v for k, v in a.items() if k != "wall_time_s"} == {k: v for k, v in b.items() if k != "wall_time_s"}
+
+
+def test_a_huge_stack_value_is_shown_elided():
+    """5,000 digits (past int()'s limit) were echoed whole in the refusal."""
+    with pytest.raises(ConfigError) as e:
+        parse_stack("9" * 5000)
+    assert len(str(e.value)) < 300 and "5000 characters" in str(e.value)

@@ -59,3 +59,13 @@ def test_a_continuation_reads_a_verdict_of_either_layout(tmp_path):
     assert plan_of(tmp_path, (3, 6, 12, 24)) == ((3, 6, 12), 3)
     _verdict(tmp_path / "old", (3, 6, 12), 3)
     assert plan_of(tmp_path / "old", (3, 6, 12, 24)) == ((3, 6, 12), 3)
+
+
+def test_a_huge_look_is_shown_elided():
+    """A 400-digit look was echoed whole in the refusal."""
+    from ablate.claim.looks import parse_looks
+    from ablate.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        parse_looks("3,6," + "9" * 400)
+    assert len(str(e.value)) < 300 and "characters" in str(e.value)
