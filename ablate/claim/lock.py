@@ -33,6 +33,15 @@ class ClaimLock(CellLock):
         self.path = Path(folder) / CLAIM_LOCK
 
     def acquire(self) -> bool:
+        from ablate.bounded_read import kind_of
+
+        try:
+            mode = os.lstat(self.path).st_mode
+        except FileNotFoundError:
+            mode = None
+        # a FIFO was locked and used, a folder refused with a bare OSError; a link is CellLock's refusal
+        if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+            raise ConfigError(f"{self.path} is {kind_of(mode)}; the lock file must be a plain file: remove it")
         if not super().acquire():
             return False
         info = os.fstat(self._fd)

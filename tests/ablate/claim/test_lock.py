@@ -52,3 +52,12 @@ def test_the_holder_is_one_printable_line(tmp_path):
     path.write_bytes(b"pid 7\x1b[2J on host\nsecond line\n" + b"x" * 10_000)
     assert read_holder(path) == "pid 7[2J on host"
     assert read_holder(tmp_path / "none") == "a run that is starting"
+
+
+@pytest.mark.parametrize("plant", [os.mkfifo, os.mkdir])
+def test_a_lock_file_that_is_a_fifo_or_a_folder_is_refused_in_words(tmp_path, plant):
+    """A FIFO was locked and the run went on; a folder was a bare 'Is a directory' OSError."""
+    plant(tmp_path / CLAIM_LOCK)
+    with pytest.raises(ConfigError, match="must be a plain file"):
+        with claim_lock(tmp_path):
+            pass
