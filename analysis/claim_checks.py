@@ -36,6 +36,7 @@ def check_claim(claim, where: str) -> None:
     """Refuse (ClaimError) the parsed Claim where it could fail after its grid has trained."""
     _check_letters(claim, where)
     _check_thans(claim, where)
+    _check_params(claim, where)
 
 
 def _fail(where: str, message: str):
@@ -161,6 +162,18 @@ def axis_reasons(text: str) -> list[str]:
             missing.append(key)
         above = False
     return missing
+
+
+def _check_params(claim, where: str) -> None:
+    """A `params` key its measure does not read (`untill` for `until`) was ignored without a word."""
+    from ablate.analysis.claim_measures import MEASURES
+
+    for label, c in comparisons(claim):
+        known = MEASURES[c.measure].params
+        unknown = sorted(set(c.params) - set(known)) if known is not None else []
+        if unknown:
+            _fail(where, f"{label}: params key {unknown[0]!r} is not read by measure {c.measure!r}; valid: "
+                         f"{', '.join(known) if known else 'no params'}")
 
 
 def comparisons(claim) -> list[tuple[str, Any]]:

@@ -74,6 +74,9 @@ class Measure:
     # Reads where runs stop training as the rate rises: its futility needs each arm's edge of
     # stability bracketed by the swept rates (analysis/design_checks.py).
     stability: bool = False
+    # The `params` keys it reads (a claim naming another is refused as it loads); None: undeclared
+    # (a plugin's measure), any key passes.
+    params: tuple | None = None
 
 
 MEASURES: Registry[Measure] = Registry("measure")
@@ -81,7 +84,8 @@ TESTS = ("t", "binary", "exact")
 
 
 def measure(name: str, unit: str, description: str, test: str = "t", consumes: tuple = (),
-            requires: dict | None = None, higher_is_worse: bool = True, stability: bool = False):
+            requires: dict | None = None, higher_is_worse: bool = True, stability: bool = False,
+            params: tuple | None = ()):
     """Register a measure under `name` (see the module docstring)."""
     if test not in TESTS:
         raise ValueError(f"test {test!r}; valid: {', '.join(TESTS)}")
@@ -89,7 +93,7 @@ def measure(name: str, unit: str, description: str, test: str = "t", consumes: t
     def register(fn):
         MEASURES.register(name, Measure(name, fn, unit, test, tuple(consumes), description, per_cell=not consumes,
                                         requires=dict(requires or {}), higher_is_worse=higher_is_worse,
-                                        stability=stability),
+                                        stability=stability, params=params),
                           origin=fn.__module__)
         return fn
 
@@ -174,7 +178,7 @@ def final_val_loss(ctx, cell, params) -> float:
 
 @measure("gain_per_param", "nats per million parameters",
          "scored final val loss of the smaller setting minus the larger's, per million parameters added, between "
-         "the two values of `axis` one side selects", consumes=("mlp_ratio",))
+         "the two values of `axis` one side selects", consumes=("mlp_ratio",), params=("axis",))
 def gain_per_param(ctx, cells, params) -> float:
     axis = params.get("axis", "mlp_ratio")
     done = cells[cells["outcome"] != FAILED].sort_values(axis)
@@ -215,7 +219,7 @@ def lr_sensitivity(ctx, cells, params) -> float:
 # a decade apart it is 0 for nearly every seed on both sides, a measure that cannot vary.
 @measure("basin_width", "decades of lr", "how many decades of the swept lrs around a seed's best keep its clipped "
          f"loss within `tolerance` (default {DEFAULT_TOLERANCE}) nats of that best", consumes=("lr",),
-         requires={"lr": 5}, higher_is_worse=False)
+         requires={"lr": 5}, higher_is_worse=False, params=("tolerance",))
 def basin_width(ctx, cells, params) -> float:
     curve = _sweep_curve(cells)
     if curve["seed"].nunique() != 1 or not np.isfinite(curve["clipped"]).all() or len(curve) < cells["lr"].nunique():
@@ -229,6 +233,9 @@ def basin_width(ctx, cells, params) -> float:
 # ------------------------------------------------------------------------------ gradients
 
 EARLY_STEPS = 20  # "the first steps": steps 1 to this, unless a comparison says `until`
+
+
+REACH_PARAMS = ("from", "phase", "until")  # what _reach and _reach_at read
 
 
 def _reach(steps: pd.DataFrame, params) -> tuple[np.ndarray, np.ndarray]:
@@ -263,20 +270,20 @@ def _reach_at(steps: pd.DataFrame, params) -> float:
          "(grad_norm/layer_{top}): the bottom is grad_norm/layer_0 (`from = \"layer_0\"`, default) or "
          "grad_norm/embed (`from = \"embed\"`; with tied embeddings it includes the output head's gradient); at "
          f"step 0 (phase init), the median over steps 1-{EARLY_STEPS} (phase early; `until` sets the end) or over "
-         "every later logged step (phase train)", higher_is_worse=False)
+         "every later logged step (phase train)", higher_is_worse=False, params=REACH_PARAMS)
 def grad_reach(ctx, cell, params) -> float:
     return _reach_at(ctx.steps(cell["cell_id"]), params)
 
 
 @measure("grad_imbalance", "log10 ratio", "|log10| of the first block's gradient norm over the top block's: how far "
          "the gradient departs from even across depth, whether it explodes or vanishes at the bottom (phases as "
-         "grad_reach)")
+         "grad_reach)", params=REACH_PARAMS)
 def grad_imbalance(ctx, cell, params) -> float:
     return abs(_reach_at(ctx.steps(cell["cell_id"]), params))
 
 
 @measure("grad_spread", "log10 max/min", "log10 of the max/min ratio of the per-layer gradient norms at a phase "
-         "(init, mid or end: analysis/metrics.py)")
+         "(init, mid or end: analysis/metrics.py)", params=("phase",))
 def grad_spread(ctx, cell, params) -> float:
     column = f"grad_ratio_{params.get('phase', 'end')}"
     if column not in cell:
@@ -286,7 +293,7 @@ def grad_spread(ctx, cell, params) -> float:
 
 
 @measure("init_grad_slope", "log10 per layer", "least-squares slope of log10 grad_norm/layer_{i}/<part> against "
-         "the layer index at step 0 (Xiong et al. 2020: rising for post-LN, flat for pre-LN)")
+         "the layer index at step 0 (Xiong et al. 2020: rising for post-LN, flat for pre-LN)", params=("part",))
 def init_grad_slope(ctx, cell, params) -> float:
     steps = ctx.steps(cell["cell_id"])
     part = params.get("part", "mlp")

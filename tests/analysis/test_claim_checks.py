@@ -94,6 +94,14 @@ def test_an_unknown_measure_is_refused(tmp_path):
     assert "measure 'nope' is not registered" in refused(tmp_path, measure="nope")
 
 
+@pytest.mark.parametrize("measure, params, key", [("final_val_loss", "{ foo = 1 }", "foo"),
+                                                 ("grad_imbalance", '{ phase = "early", untill = 20 }', "untill")])
+def test_a_params_key_its_measure_does_not_read_is_refused(tmp_path, measure, params, key):
+    """`untill` for `until` was ignored without a word: the measure read its default."""
+    message = refused(tmp_path, measure=measure, extra=f"params = {params}")
+    assert f"params key {key!r} is not read by measure {measure!r}" in message and "valid:" in message
+
+
 def test_selectors_that_match_no_cell_are_refused(tmp_path):
     assert "axis 'colour'" in refused(tmp_path, a='{ colour = "red" }')
     assert "act = 'swish' matches no cell" in refused(tmp_path, a='{ act = ["gelu", "swish"] }')
