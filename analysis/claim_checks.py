@@ -124,6 +124,11 @@ def _side_problems(cells, c, clause) -> list[str]:
     if "warmup" in cells and "planned_steps" in cells:
         warm = cells[pd_numeric(cells["warmup"]) > 0]
         short = warm[pd_numeric(warm["warmup"]) < MIN_WARMUP_SHARE * pd_numeric(warm["planned_steps"])]
+        long = warm[pd_numeric(warm["warmup"]) >= pd_numeric(warm["planned_steps"])]
+        if not long.empty:  # was noted by nothing: the peak rate, the ladder's rung, is never trained at
+            row = long.iloc[0]
+            problems.append(f"warmup {int(row['warmup'])} of {int(row['planned_steps'])} steps is as long as the run "
+                            "or longer: the rate never reaches the ladder's value")
         if not short.empty:
             row = short.iloc[0]
             problems.append(f"warmup {int(row['warmup'])} of {int(row['planned_steps'])} steps is under "

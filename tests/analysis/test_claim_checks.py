@@ -197,6 +197,15 @@ def test_a_short_warmup_and_an_off_recipe_base_are_noted():
     assert any("schedule 'constant'" in n for n in notes) and any("grad_clip 0 where" in n for n in notes)
 
 
+def test_a_warmup_as_long_as_the_run_is_noted():
+    """Warmup 100 of a 50-step run (the rate never reaches its rung) was noted by nothing."""
+    from ablate.analysis.claim_checks import design_notes
+
+    notes = design_notes(_stability_claim(), _cells((1e-3, 3e-3, 1e-2), steps=50))
+    assert any("warmup 100 of 50 steps is as long as the run or longer" in n for n in notes)
+    assert not any("as long as the run" in n for n in design_notes(_stability_claim(), _cells((1e-3, 3e-3, 1e-2))))
+
+
 def test_a_non_stability_clause_is_not_held_to_the_rule():
     from ablate.analysis.claim_checks import design_notes
     from ablate.analysis.claims import parse_claim
