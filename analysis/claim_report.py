@@ -308,7 +308,7 @@ def as_dict(verdict: Verdict) -> dict:
 
 
 def write_claim_report(claim: Claim, out: Path, full: bool = True, cells: Path | None = None,
-                       seeds=None, listed_only: bool = False, decided_before: bool = False) -> tuple[Path, Verdict]:
+                       seeds=None, listed_only: bool = False, decided_before: bool | tuple = False) -> tuple[Path, Verdict]:
     """report.md (the verdict section on top of `ablate report`'s report; with full=False the
     verdict section alone), the claim's plots and verdict.json for a grid folder that ran the
     claim's grid. `cells`: the grid folder, when the report goes to another folder `out`;
@@ -332,7 +332,9 @@ def write_claim_report(claim: Claim, out: Path, full: bool = True, cells: Path |
         metrics = cell_metrics(runs)
     verdict = evaluate(claim, runs, metrics)
     if decided_before:
-        verdict.notes.append(after_decide_note(claim, len(set(runs.cells["seed"])) if "seed" in runs.cells else 0))
+        n_seeds = len(set(runs.cells["seed"])) if "seed" in runs.cells else 0
+        plan = decided_before if isinstance(decided_before, tuple) else None  # the --decide's own looks
+        verdict.notes.append(after_decide_note(claim, n_seeds, plan))
     plots = write_claim_plots(claim, Context(runs, metrics), out / "plots")
     section = verdict_section(verdict, plots)
     if full:
@@ -346,15 +348,17 @@ def write_claim_report(claim: Claim, out: Path, full: bool = True, cells: Path |
     return path, verdict
 
 
-def after_decide_note(claim: Claim, n_seeds: int) -> str:
-    """One line: what a fixed design over seeds a `--decide` has judged does to the error rate."""
+def after_decide_note(claim: Claim, n_seeds: int, looks: tuple | None = None) -> str:
+    """One line: what a fixed design over seeds a `--decide` has judged does to the error rate;
+    `looks`: that --decide's plan (default LOOKS: a plan 1,2,4 was said to end at 12)."""
     from ablate.analysis.sequential import LOOKS, fixed_after_decide
 
-    error = fixed_after_decide(n_seeds, claim.alpha)
+    plan = tuple(looks or LOOKS)
+    error = fixed_after_decide(n_seeds, claim.alpha, plan)
     if error <= claim.alpha:
-        return (f"a --decide has judged this folder; {n_seeds} seeds add none beyond its last look ({LOOKS[-1]}), "
+        return (f"a --decide has judged this folder; {n_seeds} seeds add none beyond its last look ({plan[-1]}), "
                 f"so this verdict adds nothing to its error rate")
-    return (f"a --decide has judged this folder's first {LOOKS[-1]} seeds: this fixed test over {n_seeds} of them is "
+    return (f"a --decide has judged this folder's first {plan[-1]} seeds: this fixed test over {n_seeds} of them is "
             f"not at one-sided {claim.alpha:g}; a false \"agrees\" comes up to {error:.3f} of the time (one null clause); "
             f"`--decide` over a planned continuation keeps the level")
 

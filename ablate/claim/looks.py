@@ -242,6 +242,18 @@ def parse_looks(text: str | None) -> tuple | None:
     return looks
 
 
+def plan_looks(out: Path) -> tuple | bool:
+    """The looks of the plan recorded in `out`/verdict.json; True (the default plan) where it names
+    none readable."""
+    from ablate.rundir import read_json
+
+    try:
+        looks = tuple(int(n) for n in read_json(out / "verdict.json", top=dict)["looks"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return True
+    return looks or True
+
+
 def plan_of(out: Path, looks: tuple) -> tuple | None:
     """kept_from for analysis.sequential: (the plan an earlier --decide of this folder read, how
     many of its looks any clause read), when `looks` differs from it; None for a fresh plan or

@@ -240,6 +240,14 @@ def run(args) -> int:
     return status
 
 
+def decided_plan(folder: Path) -> tuple | bool:
+    """The looks of the plan a --decide judged `folder` with (its verdict.json), True where that
+    file is there but names none readable, False where there is none."""
+    from ablate.claim.looks import plan_looks
+
+    return plan_looks(folder) if (folder / "verdict.json").is_file() else False
+
+
 def default_cells(claim, scale: str, root: Path = DEFAULT_ROOT) -> Path:
     return root / (claim.name if scale == "cpu" else f"{claim.name}-full")
 
@@ -383,7 +391,7 @@ def _reproduce(claim, cells: Path, req: Request, grid):
     from ablate.claim.design import DECIDE_DIR  # a --decide judged these seeds: the verdict says what this does
 
     report, verdict = write_claim_report(claim, out, cells=cells if out != cells else None, seeds=own_seeds(grid),
-                                         decided_before=(cells / DECIDE_DIR / "verdict.json").is_file())
+                                         decided_before=decided_plan(cells / DECIDE_DIR))
     print(f"{claim.name}: {verdict.text()} ({time.time() - t0:.0f} s); report: {report}", flush=True)
     for i, clause in enumerate(verdict.clauses):
         print(f"  {clause_line(i, clause)}", flush=True)

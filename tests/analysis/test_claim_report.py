@@ -78,3 +78,13 @@ def test_a_fixed_design_and_a_decide_write_one_verdict_json_layout(tmp_path):
     per_seed = a["comparisons"][0]["per_seed"]
     assert len(per_seed) == 12 and per_seed[0] == pytest.approx(0.2) and a["comparisons"][0]["seeds"] == list(range(12))
     assert a["comparisons"][0]["test"]["name"].startswith("exact sign")
+
+
+def test_the_note_over_a_decided_folder_reads_that_decide_s_own_plan():
+    """A --decide over looks 1,2,4 was said to end at 12 seeds, so 6 fixed seeds 'added nothing'."""
+    from ablate.analysis.claim_report import after_decide_note
+
+    claim = _claim(_entry("x", 1.0))
+    note = after_decide_note(claim, 6, (1, 2, 4))
+    assert "first 4 seeds" in note and "not at one-sided 0.025" in note
+    assert "last look (12)" in after_decide_note(claim, 6)  # no plan recorded: the default one

@@ -69,3 +69,13 @@ def test_a_huge_look_is_shown_elided():
     with pytest.raises(ConfigError) as e:
         parse_looks("3,6," + "9" * 400)
     assert len(str(e.value)) < 300 and "characters" in str(e.value)
+
+
+def test_the_plan_of_a_decided_folder_is_its_verdict_s_looks(tmp_path):
+    """The note of a fixed design over a decided folder reads this plan (claim_report.after_decide_note)."""
+    from ablate.claim.looks import plan_looks
+
+    (tmp_path / "verdict.json").write_text(json.dumps({"looks": [1, 2, 4]}))
+    assert plan_looks(tmp_path) == (1, 2, 4)
+    (tmp_path / "verdict.json").write_text("[" * 5000)
+    assert plan_looks(tmp_path) is True  # damaged: the default plan
