@@ -279,6 +279,11 @@ def plan_of(out: Path, looks: tuple) -> tuple | None:
         raise ConfigError(f"--looks {','.join(map(str, looks))} does not continue the plan {','.join(map(str, old))} "
                           f"this folder's --decide read ({read} look(s)); valid: looks starting "
                           f"{','.join(map(str, old[:read]))}")
+    if read >= len(old):  # the plan's last look was read: its alpha is spent, added looks could not decide
+        raise ConfigError(f"--looks {','.join(map(str, looks))}: this folder's --decide already read the last look "
+                          f"({old[-1]} seeds) of its plan {','.join(map(str, old))}, which spent all of alpha, so "
+                          f"more looks could not decide; valid: a longer plan declared before the last look, or a "
+                          f"new --out with the longer plan from the start")
     return old, read
 
 

@@ -48,17 +48,25 @@ def test_a_continuation_reads_a_verdict_of_either_layout(tmp_path):
     claim = parse_claim({"name": "t", "statement": "s", "source": "x", "grid": "g", "clause": [
         {"sentence": "s", "label": "l", "compare": [{"measure": "final_val_loss", "a": {"norm": "post"},
                                                      "b": {"norm": "pre"}, "expect": "higher", "effect": 0.05}]}]})
-    for seed in range(12):
+    for seed in range(6):  # two looks read, the plan's last still ahead
         write_run(tmp_path / "cells", "post.layernorm.gelu.dense.res", seed, losses=[4.0, 3.0], val_loss=2.7,
                   unigram_entropy=3.4)
         write_run(tmp_path / "cells", "pre.layernorm.gelu.dense.res", seed, losses=[4.0, 3.0], val_loss=2.5,
                   unigram_entropy=3.4)
     saved = decide_claim(claim, tmp_path / "cells").to_json()
-    assert saved["schema"] == 2 and [lk["seeds"] for lk in saved["clauses"][0]["looks"]] == [3, 6, 12]
+    assert saved["schema"] == 2 and [lk["seeds"] for lk in saved["clauses"][0]["looks"]] == [3, 6]
     (tmp_path / "verdict.json").write_text(json.dumps(saved))
-    assert plan_of(tmp_path, (3, 6, 12, 24)) == ((3, 6, 12), 3)
-    _verdict(tmp_path / "old", (3, 6, 12), 3)
-    assert plan_of(tmp_path / "old", (3, 6, 12, 24)) == ((3, 6, 12), 3)
+    assert plan_of(tmp_path, (3, 6, 12, 24)) == ((3, 6, 12), 2)
+    _verdict(tmp_path / "old", (3, 6, 12), 2)
+    assert plan_of(tmp_path / "old", (3, 6, 12, 24)) == ((3, 6, 12), 2)
+
+
+def test_a_continuation_of_a_plan_whose_last_look_was_read_is_refused(tmp_path):
+    """Its alpha is spent: the added looks' boundaries are infinite, so it would train seeds that
+    cannot decide. Refused in one line before anything trains."""
+    _verdict(tmp_path, (3, 6, 12), 3)
+    with pytest.raises(ConfigError, match="already read the last look .12 seeds. .* could not decide; valid: "):
+        plan_of(tmp_path, (3, 6, 12, 24))
 
 
 def test_a_huge_look_is_shown_elided():
