@@ -171,9 +171,9 @@ def test_a_request_slurm_refuses_is_one_line_and_writes_nothing(tmp_path, capsys
 
     path = write_grid(tmp_path, "seed = [0]\n", steps=4, name="refused")
     for flags, says in ((["--partition", "no-such-partition"], "SLURM refuses --partition no-such-partition"),
-                        (["--cpus-per-cell", "4096"], "SLURM refuses --time 60 --cpus-per-cell 4096"),
+                        (["--cpus-per-cell", "1024"], "SLURM refuses --time 60 --cpus-per-cell 1024"),
                         (["--gpus-per-job", "64"], "SLURM refuses --time 60 --gpus-per-job 64"),
-                        (["--time", "100000"], "--time 100000 exceeds the MaxTime of partition")):
+                        (["--time", "1000"], "--time 1000 exceeds the MaxTime of partition")):
         assert main(["grid", str(path), "--out", str(tmp_path / "out"), "--backend", "slurm", *flags]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("ablate grid: error: ") and says in err and "\n" not in err, err
