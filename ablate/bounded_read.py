@@ -15,6 +15,7 @@ Standard library only: analysis reads run folders through it too.
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -53,6 +54,10 @@ class UnreadableFile(ConfigError):
         super().__init__(f"{path} cannot be read ({why})")
 
 
+class NotRegularFile(OSError):
+    """`open_regular`'s refusal of a FIFO, a device, a folder or a socket: EINVAL, its kind in words."""
+
+
 class _Refused(ValueError):
     """A value the parse hooks refuse; becomes UnreadableFile with the file's name."""
 
@@ -63,23 +68,31 @@ def kind_of(mode: int) -> str:
     return f"{kind}, not a regular file"
 
 
-def open_bounded(path: str | Path, follow_links: bool = True) -> BinaryIO:
-    """`path` opened for reading in binary if it is a regular file; UnreadableFile otherwise.
-    O_NONBLOCK: a FIFO is opened at once (and refused), never waited on. follow_links=False
-    refuses a symbolic link at `path` itself. FileNotFoundError passes through unchanged, so a
-    caller can tell "none yet" from "damaged"."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW))
-    except FileNotFoundError:
-        raise
-    except OSError as e:
-        raise UnreadableFile(path, _os_reason(path, e)) from None
+def open_regular(path: str | Path, follow_links: bool = True) -> BinaryIO:
+    """`path` opened for reading in binary if it is a regular file; OSError otherwise
+    (NotRegularFile for a FIFO, a device, a folder). O_NONBLOCK: a FIFO is opened at once (and
+    fstat says what it is), never waited on. follow_links=False refuses a symbolic link at
+    `path` itself (OSError ELOOP)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW))
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        raise UnreadableFile(path, kind_of(mode))
+        raise NotRegularFile(errno.EINVAL, kind_of(mode), str(path))
     os.set_blocking(fd, True)
     return os.fdopen(fd, "rb")
+
+
+def open_bounded(path: str | Path, follow_links: bool = True) -> BinaryIO:
+    """`open_regular`, its refusals as UnreadableFile. FileNotFoundError passes through
+    unchanged, so a caller can tell "none yet" from "damaged"."""
+    try:
+        return open_regular(path, follow_links)
+    except FileNotFoundError:
+        raise
+    except NotRegularFile as e:
+        raise UnreadableFile(path, e.strerror) from None
+    except OSError as e:
+        raise UnreadableFile(path, _os_reason(path, e)) from None
 
 
 def _os_reason(path: str | Path, e: OSError) -> str:

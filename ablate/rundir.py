@@ -25,7 +25,7 @@ from typing import Any, Iterable, Mapping
 # imports them from here.
 from ablate.analysis.safe_files import create_temporary, replace_atomic  # noqa: F401  (part of this module's API)
 from ablate import bounded_read
-from ablate.bounded_read import LISTING_BYTES, STATE_BYTES
+from ablate.bounded_read import LISTING_BYTES, STATE_BYTES, open_regular  # noqa: F401  (part of this module's API)
 from ablate.errors import ConfigError
 
 # ------------------------------------------------------------------------------ file names
@@ -174,19 +174,6 @@ def json_object(value: Any) -> Mapping[str, Any]:
 
 
 # ------------------------------------------------------------------------------ reading and writing
-
-
-def open_regular(path: Path, follow_links: bool = True):
-    """`path` opened for reading in binary if it is a regular file; OSError otherwise. A FIFO
-    would block the reader until someone writes it (O_NONBLOCK opens it at once, and fstat
-    says what it is); a device or a folder is no run file either. follow_links=False refuses
-    a symbolic link at `path` itself (OSError ELOOP)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW))
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file", str(path))
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
 
 
 def file_version(path: Path) -> tuple | None:

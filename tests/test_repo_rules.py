@@ -27,7 +27,7 @@ SHARED_DECLARATIONS = ("ablate.registry", "ablate.variant_axes", "ablate.cores",
 MIRRORED = {"ablate": REPO / "ablate", "analysis": REPO / "analysis", "variants": REPO / "variants",
             "helpers": REPO / "tests" / "helpers"}
 STANDARD_LIBRARY_ONLY = (r"^(?:from|import) (?!__future__|dataclasses|typing|collections|os\b|ablate\.registry\b"
-                         r"|ablate\.errors\b|json\b|math\b|stat\b|sys\b|tomllib\b|pathlib\b)")
+                         r"|ablate\.errors\b|errno\b|json\b|math\b|stat\b|sys\b|tomllib\b|pathlib\b)")
 
 
 def private_imports(root: Path) -> list[str]:
