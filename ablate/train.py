@@ -109,10 +109,11 @@ def plan_run(cell, execution=None, run_dir: str | Path | None = None) -> RunPlan
     check_data_fits(data, cfg.context)
     from ablate.kernels.step_cache import step_shape  # `auto` on a GPU: this step's timings
 
-    ops = get_backend(cfg.kernels, str(device), shape=step_shape(cfg, size, autocast_dtype(cfg, device)))
+    amp = autocast_dtype(cfg, device)
+    ops = get_backend(cfg.kernels, str(device), shape=step_shape(cfg, size, amp))
     if getattr(ops, "interpreted", False):
         _note_interpreted(ops.name, cfg.batch_size * cfg.context)
-    plan = RunPlan(cfg, device, autocast_dtype(cfg, device), size, data, ops)
+    plan = RunPlan(cfg, device, amp, size, data, ops)
     if run_dir is not None:
         _plan_into(cell, plan, Path(run_dir))
     return plan
