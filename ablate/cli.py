@@ -14,8 +14,8 @@ import sys
 import warnings
 from dataclasses import dataclass
 
-from ablate.errors import ConfigError
-from ablate.registry import Registry, RegistryError
+from ablate.core.errors import ConfigError
+from ablate.core.registry import Registry, RegistryError
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -32,7 +32,7 @@ class Command:
 
     help: str
     module: str
-    takes_plugins: bool  # builds or reads variants: takes `--import MODULE_OR_FILE` (ablate/plugins.py)
+    takes_plugins: bool  # builds or reads variants: takes `--import MODULE_OR_FILE` (ablate/engine/plugins.py)
 
 
 COMMANDS: Registry[Command] = Registry("command", ConfigError)  # a plugin may register a command of its own
@@ -139,7 +139,7 @@ def _command_named(argv: list[str]) -> str:
 
 
 def _load_plugins(names: list[str]) -> None:
-    from ablate import plugins
+    from ablate.engine import plugins  # lazy: importlib.metadata (entry points) stays off `ablate --help`
 
     plugins.load(names)
 

@@ -17,8 +17,8 @@ from ablate.analysis.baseline import Baseline, order_groups, resolve_baseline
 from ablate.analysis.load import Runs, load_runs
 from ablate.analysis.lr_sensitivity import DEFAULT_TOLERANCE, MIN_LRS, Sweep, compare_sensitivity, lr_sweeps
 from ablate.analysis.metrics import DEFAULT_LAST_K, DEFAULT_SPIKE_WINDOW, DEFAULT_SPIKE_Z, cell_metrics, layer_profiles
-from ablate.analysis.stats import (DEFAULT_ALPHA, DEFAULT_CONFIDENCE, DEFAULT_CORRECTION, DEFAULT_POWER,
-                                   DEFAULT_RESAMPLES, DEFAULT_SEED, VERDICT_VALUE, Comparison, correct, group_stats,
+from ablate.analysis.stats import (Comparison, DEFAULT_ALPHA, DEFAULT_CONFIDENCE, DEFAULT_CORRECTION, DEFAULT_POWER,
+                                   DEFAULT_RESAMPLES, DEFAULT_SEED, VERDICT_VALUE, correct, group_stats,
                                    paired_comparison)
 
 

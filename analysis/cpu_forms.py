@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-# config.json key -> the op it computes (ablate/train.py CPU_KERNELS holds the kernels themselves).
+# config.json key -> the op it computes (ablate/engine/train.py CPU_KERNELS holds the kernels themselves).
 FORM_KEYS = {"gelu_cpu": "GELU", "attention_cpu": "attention"}
 NOT_RECORDED = "not recorded"  # a run made before that kernel existed: its torch form
 

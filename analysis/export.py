@@ -37,13 +37,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from ablate.analysis.load import VARIANT_AXES, RunFiles, read_run_files, scan_runs, setting_keys
+from ablate.analysis.load import RunFiles, VARIANT_AXES, read_run_files, scan_runs, setting_keys
 from ablate.analysis.metrics_index import MetricsIndex
-from ablate.analysis.safe_files import create_temporary, output_folder, replace_atomic
-from ablate.bounded_read import read_json
-from ablate.rundir import COMPLETED, METRICS, RESULT_KEYS, SUMMARY
+from ablate.core.bounded_read import read_json
+from ablate.core.rundir import COMPLETED, METRICS, RESULT_KEYS, SUMMARY
+from ablate.core.safe_files import create_temporary, output_folder, replace_atomic
 
-SUMMARY_FIELDS = RESULT_KEYS  # summary.json's numbers (ablate/rundir.py)
+SUMMARY_FIELDS = RESULT_KEYS  # summary.json's numbers (ablate/core/rundir.py)
 # What the hyper-parameter table shows beside the axes (the last value of each in a run).
 HPARAM_METRICS = ("summary/final_loss", "summary/final_val_loss", "loss", "val_loss")
 LAYER_KEY = re.compile(r"^(?P<metric>.+)/layer_\d+(?P<part>/[^/]+)?$")
@@ -198,7 +198,7 @@ def export_tensorboard(root: str | Path, out: str | Path, own_folder: bool = Fal
     there is replaced by a folder (output_folder), never written through; an --out the user
     names is theirs, link or not."""
     _require("tensorboard", "tensorboard")
-    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.compat.proto import event_pb2, summary_pb2  # lazy: an optional package (tensorboard)
     from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
     from tensorboard.plugins.hparams import summary_v2 as hp
 
@@ -261,7 +261,7 @@ def export_tensorboard(root: str | Path, out: str | Path, own_folder: bool = Fal
 def _write_event_file(run_dir: Path, seq: int, tokens: list[str], events: Iterable, event_pb2) -> Path:
     """One complete event file (its events written as they come), written with TensorBoard's record writer under a name without
     `tfevents` (which TensorBoard would read half-written), then renamed into place."""
-    from tensorboard.summary.writer.record_writer import RecordWriter
+    from tensorboard.summary.writer.record_writer import RecordWriter  # lazy: an optional package (tensorboard)
 
     run_dir.mkdir(parents=True, exist_ok=True)
     final = run_dir / ".".join([f"events.out.tfevents.{seq:06d}.ablate", *tokens])
@@ -289,7 +289,7 @@ def layer_families(keys: Iterable[str]) -> set[tuple[str, str]]:
 def _custom_scalars(families: list[tuple[str, str]], summary_pb2):
     """A Custom Scalars tab chart per per-layer metric, every layer one line in it: where a
     layer departs from the others shows at a glance."""
-    from tensorboard.plugins.custom_scalar import layout_pb2, metadata
+    from tensorboard.plugins.custom_scalar import layout_pb2, metadata  # lazy: an optional package (tensorboard)
     from tensorboard.util import tensor_util
 
     charts = [layout_pb2.Chart(title=f"{metric}{part} by layer", multiline=layout_pb2.MultilineChartContent(
@@ -306,7 +306,7 @@ def _write_experiment(out: Path, all_hparams: dict[str, dict[str, Any]], familie
     """The hyper-parameter experiment (every hparam with the values seen, the metrics columns)
     and the per-layer chart layout, at the top of `out`; rewritten only when they changed,
     replacing the previous file."""
-    from tensorboard.compat.proto import summary_pb2
+    from tensorboard.compat.proto import summary_pb2  # lazy: an optional package (tensorboard)
 
     if not all_hparams:
         return

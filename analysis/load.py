@@ -1,7 +1,7 @@
 """Run directories -> tidy pandas frames.
 
 Reads only the files the training engine writes (config.json, metrics.jsonl, summary.json,
-grid.json; see docs/run-directory.md), by the names, status words and identity keys ablate/rundir.py
+grid.json; see docs/run-directory.md), by the names, status words and identity keys ablate/core/rundir.py
 declares (standard library only: analysis imports nothing else of the engine). It tolerates what a live, crashed or damaged grid leaves
 behind: a cell without summary.json is reported as `running`, an unreadable metrics line is
 skipped with a warning (the rows after it are kept), a cell whose config.json or summary.json
@@ -21,15 +21,15 @@ from typing import Any, BinaryIO, Collection, Iterator
 import pandas as pd
 
 # Re-exported for the rest of analysis (DONE, FINISHED, SETTING_KEYS, SUMMARY).
-from ablate.rundir import (CONFIG, DONE, FINISHED, GRID_JSON, METRICS, RUNNING, SETTING_KEYS, SUMMARY,  # noqa: F401
+from ablate.core.rundir import (CONFIG, DONE, FINISHED, GRID_JSON, METRICS, RUNNING, SETTING_KEYS, SUMMARY,  # noqa: F401
                            identity_keys, summary_status)
 from ablate.analysis.cpu_forms import FORM_KEYS
-from ablate.bounded_read import (LINE_BYTES, LISTING_BYTES, STATE_BYTES, UnreadableFile, parse_json, read_json,
+from ablate.core.bounded_read import (LINE_BYTES, LISTING_BYTES, STATE_BYTES, UnreadableFile, parse_json, read_json,
                                  sized_lines)
-from ablate.variant_axes import AXES, VALUE_BEFORE_IT_EXISTED
+from ablate.core.variant_axes import AXES, VALUE_BEFORE_IT_EXISTED
 
-# The axes of a block variant (ablate/variant_axes.py; docs/variants.md); config.json's `variant` holds one value for each.
-VARIANT_AXES = AXES  # declared once, in ablate/variant_axes.py (standard library only)
+# The axes of a block variant (ablate/core/variant_axes.py; docs/variants.md); config.json's `variant` holds one value for each.
+VARIANT_AXES = AXES  # declared once, in ablate/core/variant_axes.py (standard library only)
 # Run directories written before an axis existed trained with what is now its default.
 AXIS_VALUE_BEFORE_IT_EXISTED = VALUE_BEFORE_IT_EXISTED
 # The default block: the baseline a report compares against when none is named.
@@ -143,7 +143,7 @@ class RunFiles:
 
     @property
     def status(self) -> str:
-        """ablate.rundir's word for the run: its summary's status, or running without one."""
+        """ablate.core.rundir's word for the run: its summary's status, or running without one."""
         return summary_status(self.summary) or RUNNING
 
 

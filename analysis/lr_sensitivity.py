@@ -36,10 +36,10 @@ import numpy as np
 import pandas as pd
 
 from ablate.analysis.load import DONE
-from ablate.analysis.stats import (BATCH_KEYS, DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED, VERDICT_VALUE,
-                                   Comparison, Interval, mean_interval, paired_comparison)
 from ablate.analysis.outcomes import PLATEAUED
-from ablate.rundir import COMPLETED, DIVERGED
+from ablate.analysis.stats import (BATCH_KEYS, Comparison, DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED,
+                                   Interval, VERDICT_VALUE, mean_interval, paired_comparison)
+from ablate.core.rundir import COMPLETED, DIVERGED
 
 MIN_LRS = 3
 DEFAULT_TOLERANCE = 0.1  # nats above the best loss that still count as inside the basin

@@ -28,8 +28,8 @@ import pandas as pd
 from ablate.analysis.load import Runs, layer_columns
 from ablate.analysis.outcomes import (FAILED, PLATEAU_MARGIN, failure_kind, outcome_of, plateaued,  # noqa: F401
                                       scored_loss)
-from ablate.rundir import COMPLETED, DIVERGED
-from ablate.rundir import FAILED as STATUS_FAILED
+from ablate.core.rundir import COMPLETED, DIVERGED
+from ablate.core.rundir import FAILED as STATUS_FAILED
 
 PHASES = ("init", "mid", "end")
 DEFAULT_LAST_K = 10

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ablate.analysis.load import parse_metrics_line, scan_metrics
-from ablate.rundir import METRICS
+from ablate.core.rundir import METRICS
 
 # Both dashboards (TensorBoard, W&B) store a step as a signed 64-bit integer.
 STEP_RANGE = range(-(2**63), 2**63)

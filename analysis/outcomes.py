@@ -40,7 +40,7 @@ import re
 
 import numpy as np
 
-from ablate.rundir import COMPLETED as STATUS_COMPLETED, DIVERGED as STATUS_DIVERGED
+from ablate.core.rundir import COMPLETED as STATUS_COMPLETED, DIVERGED as STATUS_DIVERGED
 
 PLATEAU_MARGIN = 0.2  # nats above (unigram entropy - this) = stuck on the unigram plateau
 TRAINED, PLATEAUED, DIVERGED, FAILED = "trained", "plateaued", "diverged", "failed"

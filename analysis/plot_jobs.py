@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from ablate.analysis.plots import Plot
-from ablate.cores import cpu_count
+from ablate.core.cores import cpu_count
 
 Job = Callable[[], "Plot | None"]
 

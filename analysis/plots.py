@@ -36,10 +36,10 @@ from scipy import stats as scipy_stats  # noqa: E402
 from ablate.analysis.labels import label_of, short_labels  # noqa: E402
 from ablate.analysis.load import SETTING_KEYS, VARIANT_AXES, layer_columns  # noqa: E402
 from ablate.analysis.metrics import PHASES  # noqa: E402
-from ablate.analysis.safe_files import replace_atomic  # noqa: E402
+from ablate.core.safe_files import replace_atomic  # noqa: E402
 from ablate.analysis.stats import MEAN_INTERVAL_RULE  # noqa: E402
-from ablate.probe_registry import layer_heatmaps  # noqa: E402
-from ablate.rundir import COMPLETED, DIVERGED, RUNNING
+from ablate.core.probe_registry import layer_heatmaps  # noqa: E402
+from ablate.core.rundir import COMPLETED, DIVERGED, RUNNING
 
 PANEL_SIZE = (4.6, 3.2)  # inches per facet panel
 DIVERGED_COLOUR = "#d62728"
@@ -48,7 +48,7 @@ PHASE_TITLES = {"init": "at initialisation", "mid": "mid-run", "end": "at the en
 ENTROPY_COLOUR = "#555555"
 RAW_ALPHA = 0.25  # the unsmoothed curve, drawn faintly behind the smoothed one
 # Per-layer heatmaps drawn side by side: probe -> (title, colour-bar label, log colour scale), for
-# every per-layer probe that declares a heatmap (ablate/probe_registry.py).
+# every per-layer probe that declares a heatmap (ablate/core/probe_registry.py).
 PROBE_TITLE_SIZE = 8
 LAYER_HEATMAPS = {name: (h.title, h.label, h.log) for name, h in layer_heatmaps().items()}
 
@@ -289,7 +289,7 @@ COLOUR_BAR_BAND = 0.95  # inches under the panels (and legend): a colour bar, it
 
 def _colour_bar(fig: plt.Figure, spec: Layout, columns: tuple[int, int], norm, label: str) -> None:
     """A horizontal colour bar in the band under the panels, spanning panel columns
-    columns[0]..columns[1] of the layout (call after _finish has placed the panels)."""
+    columns[0]..columns[1] of the layout (call after finish_panels has placed the panels)."""
     first, last = spec.rect(columns[0]), spec.rect(columns[1])
     bar = fig.add_axes((first[0], 0.55 / spec.height, last[0] + last[2] - first[0], 0.12 / spec.height))
     fig.colorbar(ScalarMappable(norm=norm, cmap=HEATMAP_CMAP), cax=bar, orientation="horizontal", label=label)
@@ -304,7 +304,7 @@ def legend_entries(axes) -> dict:
     return handles
 
 
-def _finish(fig: plt.Figure, axes, title: str, spec: Layout) -> None:
+def finish_panels(fig: plt.Figure, axes, title: str, spec: Layout) -> None:
     """The figure's title on top (wrapped to its width) and one legend for all panels in a band
     under them, as many columns as its longest entry allows; then every panel in its place."""
     handles = legend_entries(axes)
@@ -355,7 +355,7 @@ def log_x(ax, values) -> None:
         ax.set_xlim(xs.min() / 1.5, xs.max() * 1.5)
 
 
-def _styled(plot_function):
+def styled(plot_function):
     """Draw inside seaborn's style without changing the caller's global matplotlib settings."""
     @functools.wraps(plot_function)
     def wrapper(*args, **kwargs):
@@ -399,7 +399,7 @@ def _divergence_point(series: pd.DataFrame, metric: str, step) -> tuple[float, f
     return float(step), float(before[metric].iloc[-1])
 
 
-@_styled
+@styled
 def plot_loss_curves(steps: pd.DataFrame, cells: pd.DataFrame, out_dir: Path, style: Style,
                      metric: str = "loss", smooth: int | None = None, dpi: int = 120,
                      name: str = "loss_curves") -> Plot | None:
@@ -455,7 +455,7 @@ def plot_loss_curves(steps: pd.DataFrame, cells: pd.DataFrame, out_dir: Path, st
                    label="divergence", clip_on=False)
     for ax in axes[::spec.columns]:
         ax.set_ylabel(f"training {metric} (nats)")
-    _finish(fig, axes, "Training loss per variant: mean across seeds, 95% t-band (dashed = a diverged seed)", spec)
+    finish_panels(fig, axes, "Training loss per variant: mean across seeds, 95% t-band (dashed = a diverged seed)", spec)
     smoothing = (f", each seed smoothed by an EMA of span {smooth} logged steps (the raw mean faint behind)"
                  if smooth > 1 else "")
     caption = (f"Training loss against step, mean across seeds with a 95% t-interval band{smoothing} "
@@ -486,7 +486,7 @@ def _bin_columns(wide: pd.DataFrame, max_columns: int) -> pd.DataFrame:
     return pd.DataFrame(means, index=wide.index, columns=wide.columns[starts])
 
 
-@_styled
+@styled
 def plot_grad_heatmaps(steps: pd.DataFrame, cells: pd.DataFrame, out_dir: Path, style: Style,
                        max_columns: int = 100, dpi: int = 120, name: str = "grad_norm_heatmaps") -> Plot | None:
     """Per-layer gradient norm, layer x step, log colour scale shared by all panels: one
@@ -516,7 +516,7 @@ def plot_grad_heatmaps(steps: pd.DataFrame, cells: pd.DataFrame, out_dir: Path, 
         ax.set_xlabel("step")
     for ax in axes[::spec.columns]:  # the panels share the layers axis: labelled once a row
         ax.set_ylabel("layer (0 = input)")
-    _finish(fig, axes, "Per-layer gradient norm over training (mean across seeds, log colour scale)", spec)
+    finish_panels(fig, axes, "Per-layer gradient norm over training (mean across seeds, log colour scale)", spec)
     # One colour bar for every panel: they share the scale, so panels compare directly.
     _colour_bar(fig, spec, (0, spec.columns - 1), norm, "gradient norm (L2, log scale)")
     caption = ("Gradient norm of each block's parameters (rows, layer 0 at the bottom) against step (columns, "
@@ -545,7 +545,7 @@ def _profile_panels(profiles: pd.DataFrame, cells: pd.DataFrame, style: Style, a
         axes_row[0].set_ylabel(ylabel)
 
 
-@_styled
+@styled
 def plot_grad_profiles(profiles: pd.DataFrame, cells: pd.DataFrame, out_dir: Path, style: Style,
                        dpi: int = 120, name: str = "grad_norm_profiles") -> Plot | None:
     """Per-layer gradient norm at init, mid-run and end (columns), one line per variant;
@@ -558,13 +558,13 @@ def plot_grad_profiles(profiles: pd.DataFrame, cells: pd.DataFrame, out_dir: Pat
         _profile_panels(profiles, members, style, axes_row, PHASES, "gradient norm (L2, log scale)")
         for ax, phase in zip(axes_row, PHASES):
             ax.set_title(f"{PHASE_TITLES[phase]}" + (f"\n{label}" if label else ""), fontsize=PANEL_TITLE_SIZE)
-    _finish(fig, axes, "Per-layer gradient norm profile (mean across seeds)", spec)
+    finish_panels(fig, axes, "Per-layer gradient norm profile (mean across seeds)", spec)
     caption = ("Gradient norm of each layer at initialisation, mid-run and the end of training, mean across seeds; "
                "a flat profile means every layer learns at a similar rate.")
     return Plot(name, fig, _save(fig, out_dir, name, dpi), caption)
 
 
-@_styled
+@styled
 def plot_residual_rms(act_profiles: pd.DataFrame, cells: pd.DataFrame, out_dir: Path, style: Style,
                       dpi: int = 120, name: str = "residual_rms") -> Plot | None:
     """RMS of the residual stream after each block at the end of training, one line per
@@ -578,13 +578,13 @@ def plot_residual_rms(act_profiles: pd.DataFrame, cells: pd.DataFrame, out_dir: 
         panel_title(ax, label or "all cells", spec)
     for ax in axes[::spec.columns]:
         ax.set_ylabel("residual-stream RMS (log scale)")
-    _finish(fig, axes, "Residual-stream RMS by depth at the end of training (mean across seeds)", spec)
+    finish_panels(fig, axes, "Residual-stream RMS by depth at the end of training (mean across seeds)", spec)
     caption = ("RMS of the residual stream after each block at the last logged step; growth with depth shows "
                "as a rising line.")
     return Plot(name, fig, _save(fig, out_dir, name, dpi), caption)
 
 
-@_styled
+@styled
 def plot_final_loss(metrics: pd.DataFrame, group_table: pd.DataFrame, out_dir: Path, style: Style,
                     last_k: int = 10, dpi: int = 120, name: str = "final_loss",
                     value: str = "final_val_loss") -> Plot | None:
@@ -631,15 +631,15 @@ def plot_final_loss(metrics: pd.DataFrame, group_table: pd.DataFrame, out_dir: P
     ax.set_ylabel("group")
     ax.invert_yaxis()  # first group (the baseline) on top
     ax.set_xlabel("final validation loss (nats, held-out set at the end of training)")
-    # The legend goes under the axes (by _finish), never on the points or the unigram label.
-    _finish(fig, [ax], "Final validation loss per group: mean and 95% interval across seeds", spec)
+    # The legend goes under the axes (by finish_panels), never on the points or the unigram label.
+    finish_panels(fig, [ax], "Final validation loss per group: mean and 95% interval across seeds", spec)
     caption = ("Final validation loss (the held-out set at the end of training) per group: the mean with its 95% "
                f"interval ({MEAN_INTERVAL_RULE}), each completed seed as a circle, each diverged seed as a red x; "
                "the dotted line is the corpus's unigram entropy.")
     return Plot(name, fig, _save(fig, out_dir, name, dpi), caption)
 
 
-@_styled
+@styled
 def plot_lr_sensitivity(sweeps, metrics: pd.DataFrame, out_dir: Path, style: Style, dpi: int = 120,
                         name: str = "lr_sensitivity") -> Plot | None:
     """Final validation loss against learning rate (log x), one line per sweep (variant) with
@@ -678,7 +678,7 @@ def plot_lr_sensitivity(sweeps, metrics: pd.DataFrame, out_dir: Path, style: Sty
         panel_title(ax, label_of(dict(setting)) if setting else "all cells", spec)
     for ax in axes[::spec.columns]:
         ax.set_ylabel("final validation loss (nats)")
-    _finish(fig, axes, "Final validation loss against learning rate: mean and 95% t-interval across seeds", spec)
+    finish_panels(fig, axes, "Final validation loss against learning rate: mean and 95% t-interval across seeds", spec)
     caption = ("Final validation loss against learning rate (log scale), mean over completed seeds with a 95% "
                "t-interval band, each seed a faint dot, the best lr a star; a red x at the top marks diverged cells "
                "(their count beside it); the dotted line is the corpus's unigram entropy.")
@@ -713,7 +713,7 @@ def _draw_layer_map(ax, wide: pd.DataFrame, norm) -> None:
     ax.grid(False)
 
 
-@_styled
+@styled
 def plot_probe_heatmaps(steps: pd.DataFrame, cells: pd.DataFrame, out_dir: Path, style: Style,
                         max_columns: int = 60, dpi: int = 120, name: str = "probe_heatmaps") -> Plot | None:
     """Per-layer heatmaps side by side, one row per group: gradient norm, attention logit max
@@ -758,7 +758,7 @@ def plot_probe_heatmaps(steps: pd.DataFrame, cells: pd.DataFrame, out_dir: Path,
             if ax is axes_row[0]:
                 ax.set_ylabel("layer (0 = input)", fontsize=8)
             ax.set_xlabel("step", fontsize=8)
-    _finish(fig, axes, "Per-layer probes over training (mean across seeds): gradient norm, attention logit max, "
+    finish_panels(fig, axes, "Per-layer probes over training (mean across seeds): gradient norm, attention logit max, "
             "cosine similarity", spec)
     for column, metric in enumerate(metrics):  # one colour bar under each column
         if metric in scales:

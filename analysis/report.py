@@ -20,18 +20,18 @@ import numpy as np
 import pandas as pd
 
 from ablate.analysis import plots
-from ablate.analysis.plot_jobs import run_plot_jobs
-from ablate.analysis.report_plots import REPORT_PLOTS
 from ablate.analysis.analyse import Analysis, Settings, analyse
 from ablate.analysis.cpu_forms import forms_line, mix_note
 from ablate.analysis.load import FINISHED
 from ablate.analysis.lr_sensitivity import sweep_table
 from ablate.analysis.metrics import MAD_TO_STD
 from ablate.analysis.outcomes import PLATEAU_MARGIN, SCORING_RULE
-from ablate.analysis.stats import (BOOTSTRAP_MIN_VALUES, CONTROLS, CORRECTION_SHORT, CORRECTIONS, MEAN_INTERVAL_RULE,
+from ablate.analysis.plot_jobs import run_plot_jobs
+from ablate.analysis.report_plots import REPORT_PLOTS
+from ablate.analysis.stats import (BOOTSTRAP_MIN_VALUES, CONTROLS, CORRECTIONS, CORRECTION_SHORT, MEAN_INTERVAL_RULE,
                                    divergence_sentence, format_p)
-from ablate.analysis.safe_files import output_folder, write_text_atomic
-from ablate.rundir import COMPLETED, DIVERGED, FAILED, RUNNING
+from ablate.core.rundir import COMPLETED, DIVERGED, FAILED, RUNNING
+from ablate.core.safe_files import output_folder, write_text_atomic
 
 REPORT, SUMMARY_CSV, CELLS_CSV, PLOTS_DIR = "report.md", "summary.csv", "cells.csv", "plots"
 LR_CSV = "lr_sensitivity.csv"  # written when the runs sweep lr over enough values
@@ -50,7 +50,7 @@ def write_report(path: str | Path, baseline: str | None = None, preamble_section
     preamble = [_render_section(s, analysis) for s in preamble_sections]  # may fail: before writing
 
     # Every output is written to a fresh file and renamed into place: a link planted at an
-    # output's name is replaced, never written through (ablate.rundir.replace_atomic).
+    # output's name is replaced, never written through (ablate.core.rundir.replace_atomic).
     write_text_atomic(root / SUMMARY_CSV, analysis.summary.to_csv(index=False))
     write_text_atomic(root / CELLS_CSV, analysis.metrics.drop(columns=["path"], errors="ignore").to_csv(index=False))
     if analysis.lr_sweeps:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from ablate.analysis import plots
-from ablate.registry import Registry
+from ablate.core.registry import Registry
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 from ablate.analysis.load import DONE, FINISHED, RUNNING
-from ablate.rundir import COMPLETED, DIVERGED
+from ablate.core.rundir import COMPLETED, DIVERGED
 
 DEFAULT_CONFIDENCE = 0.95
 DEFAULT_RESAMPLES = 9999

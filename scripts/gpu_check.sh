@@ -4,7 +4,7 @@
 #   andrea     andrea-120m, STEPS steps: tokens/s and MFU for reference (twice: its own run-to-run
 #              loss spread is the floor of the tolerance), reference + torch.compile, cuda, triton
 #   packs      per-member tokens/s of packs of 1, 8 and 32 at widths 64 and 256, eager and
-#              captured (CUDA graphs), when the pack code (ablate/pack_train.py) is present
+#              captured (CUDA graphs), when the pack code (ablate/engine/pack_train.py) is present
 #   decide     `ablate reproduce prenorm-wins --decide` with packs: its wall time and verdict
 #   bench      the kernel bench (device time by graph replay, host time beside), if time is left
 # The cuda extension builds in the background from the start (nvcc takes a minute or two); the
@@ -96,7 +96,7 @@ stage "cuda extension: building in the background (cap ${C_BUILD}s)"
 ( timeout --kill-after=5 "$(cap $C_BUILD)" "$PY" - >"$OUT/build.log" 2>&1 <<'EOF'
 import time
 t = time.time()
-from ablate.errors import ConfigError
+from ablate.core.errors import ConfigError
 from ablate.kernels import get_backend
 try:
     get_backend("cuda", "cuda")
@@ -154,7 +154,7 @@ stage "tokens/s, MFU and the loss curves against reference's own spread"
 import glob, json, statistics, sys
 import torch
 from ablate.bench.flops import flops_per_token
-from ablate.sizes import get_size
+from ablate.engine.sizes import get_size
 out, model, fig = sys.argv[1:4]
 PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16 FLOP/s
 name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"

@@ -3,7 +3,7 @@ import os
 
 import torch
 
-from ablate.cores import cpu_count
+from ablate.core.cores import cpu_count
 
 MAX_TEST_PROCESSES = 8  # beyond this the suite is bound by its longest tests, not by cores
 
@@ -71,9 +71,9 @@ def text_file(tmp_path):
 COSTLY_FIRST = ("tests/ablate/commands/test_ladder.py", "tests/ablate/kernels/test_parity.py",
                 "tests/ablate/kernels/test_cpu_cache.py", "tests/ablate/commands/test_grid.py",
                 "tests/ablate/backends/test_slurm_backend.py",
-                "tests/ablate/grid/test_spec.py", "tests/ablate/test_train.py",
-                "tests/ablate/kernels/test_triton_aot.py", "tests/ablate/test_config.py",
-                "tests/ablate/test_plugins.py")
+                "tests/ablate/grid/test_spec.py", "tests/ablate/engine/test_train.py",
+                "tests/ablate/kernels/test_triton_aot.py", "tests/ablate/engine/test_config.py",
+                "tests/ablate/engine/test_plugins.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

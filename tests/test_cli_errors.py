@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 from ablate.cli import main
-
 from tests.helpers.cli_lines import BASE, CELL, one_line
 
 

@@ -1,4 +1,4 @@
-"""`ablate reproduce CLAIM --decide` with the real sequential decision (analysis/sequential.py)
+"""`ablate reproduce CLAIM --decide` with the real sequential decision (ablate/claims/sequential.py)
 on a miniature claim of one-step cells: the residual's effect on a block's relative change at
 initialisation is large, yet the sign test leaves it undecided at 3 and 6 seeds (its smallest p
 there is above those looks' nominal levels); the look of 12 seeds decides it, and the loop stops. Rerun, it trains nothing and writes the

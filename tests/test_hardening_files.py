@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from ablate.cli import main
-
 from tests.helpers.cli_lines import one_line
 from tests.helpers.synthetic_runs import write_grid, write_run
 
@@ -37,11 +36,11 @@ def fifo_at(path: Path) -> None:
 def stopped_run(tmp_path_factory):
     """A run stopped after its step-2 checkpoint (as Ctrl-C leaves it): config.json,
     metrics.jsonl and checkpoint.pt, and no summary.json."""
-    import ablate.train
+    import ablate.engine.train
 
     root = tmp_path_factory.mktemp("stopped")
     os.environ["ABLATE_CACHE"], old = str(root / "cache"), os.environ.get("ABLATE_CACHE")
-    real, received = ablate.train.lr_at, []
+    real, received = ablate.engine.train.lr_at, []
 
     def lr_at(step, *args, **kwargs):
         if step == 2:
@@ -56,8 +55,8 @@ def stopped_run(tmp_path_factory):
 
     mp = pytest.MonkeyPatch()
     try:
-        mp.setattr(ablate.train, "lr_at", lr_at)
-        mp.setattr(ablate.train, "_graceful_signals", signals)
+        mp.setattr(ablate.engine.train, "lr_at", lr_at)
+        mp.setattr(ablate.engine.train, "_graceful_signals", signals)
         assert main([*TRAIN, "--out", str(root / "run")]) == 130
     finally:
         mp.undo()
@@ -167,8 +166,8 @@ def test_a_link_planted_at_dir_wandb_is_replaced_not_written_through(tmp_path):
 
 
 def test_report_and_export_replace_a_planted_link_by_one_rule(tmp_path):
-    """report's plots/ and export's folders go through one helper (analysis/safe_files.py)."""
-    from ablate.analysis.safe_files import output_folder
+    """report's plots/ and export's folders go through one helper (ablate/core/safe_files.py)."""
+    from ablate.core.safe_files import output_folder
 
     victim = _victim(tmp_path)
     (tmp_path / "plots").symlink_to(victim)
@@ -231,7 +230,7 @@ def test_a_300_character_group_is_exported_under_a_shortened_name_and_said(tmp_p
 
 
 # ------------------------------------------- state and input files read through one bounded reader
-# (ablate/bounded_read.py): a damaged state file is set aside with one line, a damaged input file
+# (ablate/core/bounded_read.py): a damaged state file is set aside with one line, a damaged input file
 # is refused in one line (exit 2); nothing blocks, reads without end, or ends in a traceback.
 
 FAST = 60  # a FIFO blocked, /dev/zero read without end: a regression fails here instead of hanging
@@ -251,7 +250,7 @@ DAMAGED_DECIDE = {
 def test_a_damaged_decide_json_is_set_aside_and_the_budget_starts_afresh(name, tmp_path):
     """E2, E3: a non-finite or huge `seconds`, or JSON nested thousands deep, used to end every
     rerun in a traceback (or an infinite time spent that could not be written back)."""
-    from ablate.claim.looks import LookLog
+    from ablate.claims.looks import LookLog
 
     path = tmp_path / "decide" / "decide.json"
     path.parent.mkdir()
@@ -269,7 +268,7 @@ PLAN = "backtest_plan.json"
 @pytest.mark.parametrize("text", ["[1, 2]", '"a plan"', "7", "null", NESTED, '{"held_out": 1e999}'])
 def test_a_backtest_plan_that_is_not_an_object_is_refused_in_one_line(text, tmp_path):
     """E6: a list, a string or a number used to end in AttributeError, a nested one in RecursionError."""
-    from ablate.analysis.backtest import BacktestError, check_plan
+    from ablate.ladder.backtest import BacktestError, check_plan
 
     (tmp_path / PLAN).write_text(text)
     with pytest.raises(BacktestError) as e:
@@ -308,8 +307,8 @@ def test_a_config_json_whose_cpu_form_is_no_form_is_refused_not_resumed_as_the_f
     """config.json `gelu_cpu: ""` used to resume as `passes` without a word."""
     import torch
 
-    from ablate.errors import ConfigError
-    from ablate.train import _cpu_forms_for
+    from ablate.core.errors import ConfigError
+    from ablate.engine.train import _cpu_forms_for
 
     with pytest.raises(ConfigError) as e:
         _cpu_forms_for({"gelu_cpu": recorded, "attention_cpu": None}, tmp_path, torch.device("cpu"), "cpu")

@@ -4,7 +4,6 @@ import re
 import pytest
 
 import ablate.analysis
-
 from tests.helpers.repo import REPO
 from tests.helpers.synthetic_runs import write_grid, write_run
 

@@ -15,7 +15,6 @@ import torch
 
 from ablate.analysis.baseline import resolve_baseline
 from ablate.analysis.load import load_runs
-
 from tests.helpers.synthetic_runs import variant_axes, write_grid, write_run
 
 GRID = """name = "{name}"

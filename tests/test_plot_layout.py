@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 
 from ablate.analysis.analyse import analyse
-from ablate.analysis.claim_measures import Context
-from ablate.analysis.claim_plots import PLOTS, claim_figure
 from ablate.analysis.report import make_plots
-
+from ablate.claims.claim_measures import Context
+from ablate.claims.claim_plots import PLOTS, claim_figure
 from tests.helpers.synthetic_runs import write_run
 
 PRE, POST = "pre.layernorm.gelu.dense.res", "post.layernorm.gelu.dense.res"

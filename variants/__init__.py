@@ -5,7 +5,7 @@ Importing this package registers every built-in value. To add your own, register
 function from a file of your own and pass it with `--import FILE` (docs/variants.md,
 "Plugins"); nothing in the engine changes. An optimizer or schedule declares the options it
 reads (`options=(ComponentOption(...),)`, see optimizers.py); the axes themselves are declared in
-ablate/variant_axes.py.
+ablate/core/variant_axes.py.
 """
 from ablate.variants import activations, mlps, norms, placements  # noqa: F401  (they register)
 from ablate.variants.tables import (ACTIVATIONS, INITS, MLPS, NORMS, OPTIMIZERS, PLACEMENTS, PRESETS, SCHEDULES,

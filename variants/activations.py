@@ -27,7 +27,7 @@ class _GeluTanhCPU(torch.autograd.Function):
     keeps anyway), so it adds one activation-sized tensor per MLP to what F.gelu keeps."""
 
     # Written in functorch's form (forward without ctx, setup_context) so that vmap can batch
-    # it: a pack of stacked seeds (ablate/pack_train.py) runs the model under torch.func.vmap.
+    # it: a pack of stacked seeds (ablate/engine/pack_train.py) runs the model under torch.func.vmap.
     generate_vmap_rule = True
 
     @staticmethod

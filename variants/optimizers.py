@@ -10,7 +10,7 @@ checkpoints `state_dict()`.
            (Moonshot's "match_rms_adamw"), so both take the same `lr` and `weight_decay`
 
 Each optimizer declares the options it reads (`options=` at registration: name, type, default,
-help, range check); ablate/config.py turns them into flags and refuses one given with an optimizer
+help, range check); ablate/engine/config.py turns them into flags and refuses one given with an optimizer
 that does not declare it. Two optimizers may share an option with different defaults (momentum:
 0.9 for sgd, 0.95 for muon): the flag's default is then "the optimizer's own", and `build` reads
 `OPTIMIZERS.settings(name, cfg)`, which fills in its own default.
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from ablate.checks import beta
-from ablate.variants.tables import OPTIMIZERS, ComponentOption
+from ablate.core.checks import beta
+from ablate.variants.tables import ComponentOption, OPTIMIZERS
 
 BETA1 = ComponentOption("beta1", float, 0.9, "Adam beta1", beta)
 BETA2 = ComponentOption("beta2", float, 0.95, "Adam beta2", beta)

@@ -1,6 +1,6 @@
 """Named variants. A preset is just a spec under a memorable name."""
-from ablate.variants.tables import PRESETS
 from ablate.variants.spec import make_variant
+from ablate.variants.tables import PRESETS
 
 PRESETS.register("gpt2")(make_variant())  # the ANDREA-120M / GPT-2 block
 PRESETS.register("andrea")(make_variant())

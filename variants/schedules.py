@@ -1,6 +1,6 @@
 """Learning-rate schedules after warmup (the `schedule` option). Each maps training progress
 after warmup, t in [0, 1], to a multiplier of the peak lr; the linear warmup before it is the
-engine's (ablate/lr.py), the same for every schedule.
+engine's (ablate/engine/lr.py), the same for every schedule.
 
     constant  1
     cosine    min_lr_ratio + (1 - min_lr_ratio) (1 + cos(pi t)) / 2
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 
-from ablate.checks import unit
-from ablate.variants.tables import SCHEDULES, ComponentOption
+from ablate.core.checks import unit
+from ablate.variants.tables import ComponentOption, SCHEDULES
 
 
 @SCHEDULES.register("constant")

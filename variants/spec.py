@@ -6,7 +6,7 @@ import itertools
 from dataclasses import asdict, field, make_dataclass
 from typing import Any, Iterator, Mapping
 
-from ablate.variant_axes import AXES, DEFAULTS, DECLARED_AXES, Axis
+from ablate.core.variant_axes import AXES, Axis, DECLARED_AXES, DEFAULTS
 from ablate.variants.tables import AXIS_VALUES, MLPS, PLACEMENTS, PRESETS, VariantError
 
 QK_NONE = DEFAULTS["qk_norm"]  # no norm on queries and keys; any other qk_norm value is a registered norm type
@@ -38,7 +38,7 @@ _TYPES = {str: "str | None", bool: "bool"}  # a str axis is None where the block
 VariantSpec = make_dataclass("VariantSpec", [(a.name, _TYPES[a.kind], field(default=a.default)) for a in DECLARED_AXES],
                              bases=(_SpecMethods,), frozen=True)
 VariantSpec.__module__ = __name__  # pickled by name, as a class written here would be
-VariantSpec.__doc__ = """One block design, a value per axis (ablate/variant_axes.py). `act` is None for gated
+VariantSpec.__doc__ = """One block design, a value per axis (ablate/core/variant_axes.py). `act` is None for gated
 MLPs (they fix their own gate activation) and `norm_type` is None when there are no norms, so
 that equal blocks have equal specs."""
 

@@ -1,5 +1,5 @@
 """Name -> implementation tables, one per variant axis and per training choice (the Registry
-itself is ablate/registry.py, shared with every other kind of registered thing).
+itself is ablate/core/registry.py, shared with every other kind of registered thing).
 
 A value is one registered class or function; the engine in `ablate/` only ever looks values
 up here, so adding a value (in this package, or in a plugin file of your own) never touches
@@ -7,8 +7,8 @@ the engine.
 """
 from __future__ import annotations
 
-from ablate.registry import ComponentOption, Registry, RegistryError
-from ablate.variant_axes import DECLARED_AXES
+from ablate.core.registry import ComponentOption, Registry, RegistryError
+from ablate.core.variant_axes import DECLARED_AXES
 
 __all__ = ["AXIS_VALUES", "ComponentOption", "Registry", "RegistryError", "VariantError", "PLACEMENTS", "NORMS", "ACTIVATIONS", "MLPS",
            "PRESETS", "INITS", "OPTIMIZERS", "SCHEDULES"]
@@ -18,7 +18,7 @@ class VariantError(RegistryError):
     """An unknown or contradictory variant value; the message lists what is valid."""
 
 
-# One registry per variant axis whose values are registered (ablate/variant_axes.py declares the axes).
+# One registry per variant axis whose values are registered (ablate/core/variant_axes.py declares the axes).
 AXIS_VALUES: dict[str, Registry] = {a.name: Registry(a.name, VariantError) for a in DECLARED_AXES if a.registry == a.name}
 PLACEMENTS: Registry = AXIS_VALUES["norm"]  # where the norms sit: pre, post, ...
 NORMS: Registry = AXIS_VALUES["norm_type"]  # layernorm, rmsnorm

@@ -2,7 +2,7 @@
 
 Each is one class implementing ablate.backends.base.Backend, registered in RUN_BACKENDS by name
 as a function that imports and returns it (the ray and slurm modules import their extras lazily
-too). Every backend calls the same idempotent cell function, `ablate.cell.run_cell`, on a shared
+too). Every backend calls the same idempotent cell function, `ablate.engine.cell.run_cell`, on a shared
 output folder, so skipping finished cells, locking running ones, resuming and grid.json behave
 the same everywhere. Ray and submitit are optional extras, imported only when their backend runs.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
-from ablate.errors import ConfigError
-from ablate.registry import Registry
+from ablate.core.errors import ConfigError
+from ablate.core.registry import Registry
 
 RUN_BACKENDS: Registry[Callable[[], type]] = Registry("backend", ConfigError)  # name -> () -> the class
 

@@ -1,6 +1,6 @@
 """The one interface every way of running a grid's cells implements (local, ray, slurm).
 
-A backend trains cells by calling `ablate.cell.run_cell` (through `call_cell`), which owns
+A backend trains cells by calling `ablate.engine.cell.run_cell` (through `call_cell`), which owns
 the per-cell flock, so skipping finished cells, locking running ones, resuming and grid.json
 behave the same on every backend. The grid runner (ablate.grid.runner) drives a backend in
 this order, and nothing is written before `prepare` has returned:
@@ -22,10 +22,10 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable
 
-from ablate.cell import ENVIRONMENT_ERRNOS, Cell, CellOutcome, CellResources, failed_summary, run_cell
-from ablate.errors import ConfigError
-from ablate.progress import Progress
-from ablate.rundir import CELL_BUSY, SUMMARY, CellLock, read_json, write_json_atomic
+from ablate.core.errors import ConfigError
+from ablate.core.rundir import CELL_BUSY, CellLock, SUMMARY, read_json, write_json_atomic
+from ablate.engine.cell import Cell, CellOutcome, CellResources, ENVIRONMENT_ERRNOS, failed_summary, run_cell
+from ablate.grid.progress import Progress
 
 CellFn = Callable[..., CellOutcome]  # run_cell's signature: (cell, out_root, retries, quiet, execution=)
 OnChange = Callable[..., None]  # on_change(cell_id=ID) when a cell starts or ends; on_change(idle=True) while waiting

@@ -12,20 +12,25 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import dataclasses
+import multiprocessing as mp
 import os
 import signal
 import sys
 import time
 from collections import Counter, deque
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from ablate.backends.base import Backend, CellFn, RunResult, call_cell, record_failed_cell, record_payload
-from ablate.cores import cpu_count
-from ablate.cell import Cell, CellResources
+from ablate.core.cores import cpu_count
+from ablate.core.rundir import PENDING, SUMMARY, read_json
+from ablate.engine.cell import Cell, CellResources
+from ablate.engine.data import load_data
+from ablate.engine.train import pick_device
+from ablate.grid.progress import Progress
 from ablate.grid.state import cell_status
-from ablate.progress import Progress
-from ablate.rundir import PENDING, SUMMARY, read_json
+from ablate.kernels import get_backend
 
 
 class LocalBackend(Backend):
@@ -88,8 +93,6 @@ class LocalBackend(Backend):
 def preload_data(grid) -> None:
     """Tokenise each distinct corpus once, here, before any worker starts (BPE is trained
     once, not by every worker), and refuse bad data before anything is written."""
-    from ablate.data import load_data
-
     seen = set()
     for cfg in grid.configs.distinct():
         key = (cfg.data, cfg.size.tokenizer, cfg.size.vocab_size)
@@ -102,9 +105,6 @@ def check_local_devices(grid) -> None:
     """With local workers, a device or kernel backend this machine lacks is an input error for
     the whole grid (exit 2, nothing written), not a refusal per cell. (Ray and SLURM cells run
     elsewhere, so their machines decide.)"""
-    from ablate.kernels import get_backend
-    from ablate.train import pick_device
-
     seen = set()
     for cfg in grid.configs.distinct():
         key = (cfg.device, cfg.kernels)
@@ -138,7 +138,7 @@ def _worker(slot: int, parent_pid: int, gpu: str | None, conn, cell_fn, out_root
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     try:
-        import ablate.train  # noqa: F401  (torch and the trainer once, not per cell)
+        import ablate.engine.train  # noqa: F401  (torch and the trainer once, not per cell)
     except ImportError:
         pass
     try:
@@ -177,7 +177,7 @@ class _Slot:
 def visible_gpus() -> list[str]:
     """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries."""
     try:
-        import torch
+        import torch  # lazy: the launcher counts GPUs only on this path
 
         n = torch.cuda.device_count()  # NVML: does not initialise CUDA in this process
     except Exception:  # noqa: BLE001
@@ -219,7 +219,6 @@ def run_local(
 class _CellRunner:
     """What both ways of running cells share: where they train, how each runs, and the record
     of how each ended (`result`, one progress line, `on_change`)."""
-
     def __init__(self, out_root: str, retries: int, progress: Progress, on_change: Callable[..., None] | None,
                  cell_fn: CellFn | None, executions: dict[str, CellResources]):
         self.out_root, self.retries, self.progress, self.cell_fn = out_root, retries, progress, cell_fn
@@ -258,9 +257,7 @@ class WorkerPool:
     ready or has sent its last result, and reaps a worker that dies, retrying its cell or
     recording it failed. A worker's messages: ("ready", pid), ("start", cell_id),
     ("result", cell_id, payload)."""
-
     def __init__(self, runner: _CellRunner, n_workers: int, gpus: list[str], cells_per_gpu: int):
-        import multiprocessing as mp
 
         self.runner, self.n_workers, self.gpus, self.cells_per_gpu = runner, n_workers, gpus, cells_per_gpu
         self.ctx = mp.get_context("spawn")
@@ -317,8 +314,6 @@ class WorkerPool:
 
     def serve(self) -> None:
         """Wait up to half a second for a message or a worker's death, and act on what came."""
-        from multiprocessing.connection import wait
-
         live = {s.conn: slot for slot, s in self.slots.items() if not s.dead}
         sentinels = {s.proc.sentinel: slot for slot, s in self.slots.items() if not s.dead}
         ready = wait(list(live) + list(sentinels), timeout=0.5)

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from ablate.backends.base import Backend, RunResult, call_cell, record_failed_cell, record_payload
-from ablate.cell import Cell, CellResources
-from ablate.errors import ConfigError
+from ablate.core.errors import ConfigError
+from ablate.core.rundir import CellLock
+from ablate.engine.cell import Cell, CellResources
+from ablate.grid.progress import Progress
 from ablate.grid.state import refresh_grid_json
-from ablate.progress import Progress
-from ablate.rundir import CellLock
 
 class RayBackend(Backend):
     """One Ray task per cell with `cpus_per_cell` CPUs (default 1, also its torch threads)."""
@@ -48,7 +48,7 @@ INSTALL_HINT = "the ray backend needs Ray, which is not installed; valid: pip in
 
 def import_ray():
     try:
-        import ray
+        import ray  # lazy: an optional package (ray)
     except ImportError:
         raise ConfigError(INSTALL_HINT) from None
     return ray

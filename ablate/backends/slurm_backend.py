@@ -26,14 +26,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ablate import bounded_read
 from ablate.backends import slurm_tools
-from ablate.backends.slurm_job import SlurmCellJob, read_result
 from ablate.backends.base import Backend, RunResult, record_payload
-from ablate.cell import Cell, CellResources, finished_status
-from ablate.errors import ConfigError
-from ablate.progress import Progress
-from ablate.rundir import CELL_TRAINED, DONE, SUMMARY, read_json, write_json_atomic
+from ablate.backends.slurm_job import SlurmCellJob, read_result
+from ablate.core import bounded_read
+from ablate.core.errors import ConfigError
+from ablate.core.rundir import CELL_TRAINED, DONE, SUMMARY, read_json, write_json_atomic
+from ablate.engine.cell import Cell, CellResources, finished_status
+from ablate.grid.progress import Progress
 
 INSTALL_HINT = "the slurm backend needs submitit, which is not installed; valid: pip install -e .[slurm], or --backend local|ray"
 CLUSTERS = ("slurm", "local", "debug")
@@ -83,7 +83,7 @@ def _executions(cells: list[Cell], executions: dict[str, CellResources] | None) 
 
 def import_submitit():
     try:
-        import submitit
+        import submitit  # lazy: an optional package (submitit)
     except ImportError:
         raise ConfigError(INSTALL_HINT) from None
     return submitit

@@ -2,7 +2,7 @@
 
 `margin_s` before the time limit (read from squeue when the task starts, and again when SLURM's
 `--signal=USR2@<delay>` warning arrives) the trainer gets SIGTERM: the current step finishes, a
-checkpoint is written, `ablate.train.Interrupted` ends the run, and the task requeues itself
+checkpoint is written, `ablate.engine.train.Interrupted` ends the run, and the task requeues itself
 (`scontrol requeue`) and exits without a result, so the same task starts again and resumes bit
 for bit from the checkpoint. That repeats however often the cell needs; each requeue has
 trained at least one step (the trainer checkpoints only after a step). submitit's own USR2
@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from ablate.backends.base import PAYLOAD_KINDS, call_cell
-from ablate.cores import cpu_count
-from ablate.cell import Cell, CellResources
 from ablate.backends.slurm_tools import parse_seconds
-from ablate.rundir import SUMMARY, read_json, write_json_atomic
+from ablate.core.cores import cpu_count
+from ablate.core.rundir import SUMMARY, read_json, write_json_atomic
+from ablate.engine.cell import Cell, CellResources
 from ablate.grid.state import refresh_grid_json
 
 
@@ -179,7 +179,7 @@ def result_path(folder: str | Path, job_id: str) -> Path:
 
 def _write_result(payload: tuple) -> None:
     try:
-        import submitit
+        import submitit  # lazy: an optional package (submitit)
 
         env = submitit.JobEnvironment()
         folder, job_id = env.paths.folder, env.job_id

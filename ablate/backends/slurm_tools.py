@@ -12,7 +12,7 @@ import math
 import re
 import subprocess
 
-from ablate.errors import ConfigError
+from ablate.core.errors import ConfigError
 
 # Job states in which a job may still run (or is running, or is being requeued). Anything else
 # squeue prints (COMPLETED, CANCELLED, TIMEOUT, FAILED, NODE_FAIL, OUT_OF_MEMORY, ...) is final.

@@ -16,7 +16,12 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
+from ablate.bench.lockstep import build_copy, plan_cell, rounds_in_turn
+from ablate.bench.steps import harness_options
 from ablate.bench.timing import header, interleaved, row, spread, threads
+from ablate.kernels import cpu_attention, cpu_gelu
+from ablate.kernels.cpu_backend import CpuBackend
+from ablate.kernels.cpu_build import cpu_has
 
 ROUNDS, CALLS = 15, 50
 GELU_SHAPE, ATTENTION_SHAPE = (16, 64, 256), (16, 4, 64, 16)  # tiny's MLP activation; tiny's attention
@@ -36,8 +41,6 @@ def _table(title: str, impls: dict[str, tuple], rounds: int, calls: int) -> str:
 def gelu(shape: tuple[int, ...] = GELU_SHAPE, rounds: int = ROUNDS, calls: int = CALLS) -> str:
     """Every GELU form this machine computes (ablate/kernels/cpu_gelu.py) and torch's erf and tanh GELUs;
     a form's backward is its kernel alone, as torch's gelu_backward is timed."""
-    from ablate.kernels import cpu_gelu
-
     torch.manual_seed(0)
     x, dy = torch.randn(shape) * 3, torch.randn(shape)
     b, db = torch.randn(shape[-1]), torch.empty(shape[-1])
@@ -72,9 +75,6 @@ def gelu(shape: tuple[int, ...] = GELU_SHAPE, rounds: int = ROUNDS, calls: int =
 def attention(shape: tuple[int, ...] = ATTENTION_SHAPE, rounds: int = ROUNDS, calls: int = CALLS) -> str:
     """Every copy of the `blocked` kernel (ablate/kernels/cpu_attention.py) and torch's causal
     F.scaled_dot_product_attention."""
-    from ablate.kernels import cpu_attention
-    from ablate.kernels.cpu_build import cpu_has
-
     B, H, T, D = shape
     torch.manual_seed(0)
     qkv, dout = torch.randn(B, T, 3 * H * D, requires_grad=True), torch.randn(B, H, T, D)
@@ -108,11 +108,6 @@ def attention(shape: tuple[int, ...] = ATTENTION_SHAPE, rounds: int = ROUNDS, ca
 def mlp(size: str, blocks: int | None, steps: int, rounds: int) -> tuple[str, bool]:
     """(two layers' time over in place's per round, one thread, probes off; whether every round's
     losses were the same bits)."""
-    from ablate.bench.lockstep import build_copy, plan_cell, rounds_in_turn
-    from ablate.bench.steps import harness_options
-    from ablate.kernels import cpu_gelu
-    from ablate.kernels.cpu_backend import CpuBackend
-
     class TwoLayers(CpuBackend):
         def dense_mlp(self, name, x, weight, bias, weight2, bias2):
             return F.linear(self.linear_activation(name, x, weight, bias), weight2, bias2)

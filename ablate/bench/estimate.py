@@ -16,10 +16,18 @@ import heapq
 import json
 import math
 import os
+import platform
 import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
+
+from ablate.bench.timing import threads as at_threads
+from ablate.core.bounded_read import UnreadableFile, read_json
+from ablate.core.cores import cpu_count
+from ablate.core.errors import ConfigError
+from ablate.core.paths import cache_root
+from ablate.core.rundir import write_json_atomic
 
 # The yardstick, fitted to one `ablate reproduce all --quick` on a quiet 2-core machine.
 BLOCK_S, FLOPS_PER_S = 3.47e-3, 51.9e9
@@ -77,9 +85,9 @@ def step_flops(cfg) -> float:
     context x width a token (ablate.bench.flops' formula, on the variant's own parameters)."""
     key = (cfg.spec, cfg.size, cfg.context, cfg.batch_size)
     if key not in _FLOPS:
-        import torch
+        import torch  # lazy: torch only when used
 
-        from ablate.model import build_model
+        from ablate.engine.model import build_model  # lazy: torch only when used
 
         size = cfg.size
         # A small model is built on the CPU in milliseconds; meta (whose first use imports
@@ -94,8 +102,7 @@ def step_flops(cfg) -> float:
 
 def calibrate(threads: int = 1) -> Speed:
     """Time the claims' cell at `threads` threads (a few seconds on a quiet machine)."""
-    from ablate.bench.lockstep import build_copy, plan_cell, steps_in_turn
-    from ablate.bench.timing import threads as at_threads
+    from ablate.bench.lockstep import build_copy, plan_cell, steps_in_turn  # lazy: torch only when used
 
     with at_threads(threads):
         plan = plan_cell({"model": "tiny", "layers": BLOCKS, "threads": threads})
@@ -108,12 +115,10 @@ def calibrate(threads: int = 1) -> Speed:
 
 
 def machine() -> str:
-    """What a measurement is valid for: the CPU (ablate.provenance's reading), its cores, torch."""
-    import platform
+    """What a measurement is valid for: the CPU (ablate.core.provenance's reading), its cores, torch."""
+    import torch  # lazy: torch only when used
 
-    import torch
-
-    from ablate.provenance import cpuinfo
+    from ablate.core.provenance import cpuinfo  # lazy: torch only when used
 
     # The machine's count, not cores.cpu_count(): this names the hardware a cached speed was measured on
     # (its threads are recorded beside it), so a taskset or SLURM share of it keeps the cache.
@@ -153,7 +158,6 @@ def _problem(entry) -> str | None:
 
 
 def _cache_path():
-    from ablate.data import cache_root
 
     return cache_root() / CACHE_NAME
 
@@ -161,9 +165,7 @@ def _cache_path():
 def _read_cache() -> tuple[dict, str | None]:
     """The cache's entries by thread count, and why the file cannot be used (None: it can, or
     there is none). A FIFO is not waited on, a device not read, nor a large file, nor one nested
-    thousands deep (ablate/bounded_read.py)."""
-    from ablate.bounded_read import UnreadableFile, read_json
-
+    thousands deep (ablate/core/bounded_read.py)."""
     try:
         return read_json(_cache_path(), top=dict, limit=CACHE_LIMIT), None
     except FileNotFoundError:
@@ -191,8 +193,6 @@ def _cached(threads: int) -> tuple[Speed | None, str | None]:
 def _store(speed: Speed) -> None:
     """The cache's entry for its thread count, written atomically (a link at the file's name is
     replaced, never followed); an unwritable cache is measured again next time."""
-    from ablate.rundir import write_json_atomic
-
     entries, _ = _read_cache()
     entries[str(speed.threads)] = {**asdict(speed), "format": FORMAT}
     try:
@@ -205,8 +205,6 @@ def _store(speed: Speed) -> None:
 def machine_speed(threads: int = 1) -> Speed:
     """This machine's speed at `threads` threads: cached, or measured now (and cached); the
     yardstick where $ABLATE_SPEED is `reference`, and a value it does not know refused."""
-    from ablate.errors import ConfigError
-
     mode = os.environ.get(SPEED_ENV, "")
     if mode not in SPEED_MODES:
         raise ConfigError(f"{SPEED_ENV}={mode[:40]!r} is not a speed source; valid: "
@@ -225,8 +223,6 @@ def machine_speed(threads: int = 1) -> Speed:
 
 def threads_per_worker(workers: int) -> int:
     """A local worker's torch threads: its share of the cores (ablate.backends.local)."""
-    from ablate.cores import cpu_count
-
     return max(1, cpu_count() // max(1, workers))
 
 
@@ -237,8 +233,6 @@ def grid_speed(grid, workers: int) -> Speed:
 
 def grid_seconds(grid, workers: int, speed: Speed | None = None) -> float:
     """A grid's estimated wall time with `workers` cells at once, each at its share of the cores."""
-    from ablate.cores import cpu_count
-
     workers = max(1, min(workers, len(grid.cells)))
     speed = speed or grid_speed(grid, workers)
     free = [0.0] * workers  # the workers take the cells in grid order, each the next as it frees up

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 import torch
 
 from ablate.bench.plain_gpt import PlainGPT
+from ablate.bench.steps import BATCH
 from ablate.bench.timing import header, row, time_calls
-from ablate.sizes import ModelSize
+from ablate.engine.sizes import ModelSize
 
 FLOPS_FORMULA = ("model FLOPs per token = 6 x N + 6 x n_layer x seq_len x d_model (forward + backward; "
                  "N = parameters less the position embedding, which does no matmul; the second term is "
@@ -87,8 +88,7 @@ def report(sizes: dict[str, ModelSize], before: dict[str, Peak], speeds: dict[st
     """Lines: each size's plain (tanh) and harness tokens/s (`speeds`) as FLOP/s against the peak,
     measured again and the better of it and `before` kept; under each, its shapes' figures and
     where a profiled harness step's time goes."""
-    from ablate.bench.harness import step_breakdown
-    from ablate.bench.steps import BATCH
+    from ablate.bench.harness import step_breakdown  # lazy: harness imports this module
 
     yield f"\nagainst the hardware: {FLOPS_FORMULA}"
     yield (f"peak: float32 matmul (torch.mm) at {threads} thread{'s' if threads != 1 else ''}, at every matmul shape "

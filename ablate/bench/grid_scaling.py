@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ablate.bench.timing import once, spread
-from ablate.cores import cpu_count
+from ablate.core.cores import cpu_count
 
 GRID_TOML = """name = "bench-scaling"
 [base]

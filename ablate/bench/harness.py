@@ -10,16 +10,18 @@ import tempfile
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from ablate.bench.flops import flops_per_token, step_matmuls
 from ablate.bench.grid_scaling import process_seconds
 from ablate.bench.plain_gpt import PlainLoop
 from ablate.bench.steps import BATCH, LR, SEED, harness_options
 from ablate.bench.timing import cuda_events, header, once, row, time_calls
-from ablate.cell import Cell
-from ablate.data import load_data
-from ablate.sizes import get_size
-from ablate.train import train
+from ablate.engine.cell import Cell
+from ablate.engine.data import load_data
+from ablate.engine.sizes import get_size
+from ablate.engine.train import train
+from ablate.kernels import BACKENDS
 
 
 def startup_cost() -> str:
@@ -29,7 +31,7 @@ def startup_cost() -> str:
         tmp = Path(tmp)
         cold = process_seconds([sys.executable, "-m", "ablate", "train", "--steps", "1", "--quiet", "--out",
                                 str(tmp / "c")], tmp)
-        imports = process_seconds([sys.executable, "-c", "import ablate.train"], tmp)
+        imports = process_seconds([sys.executable, "-c", "import ablate.engine.train"], tmp)
         warm = once(lambda: train(Cell.from_options({"model": "tiny", "steps": 1, "batch_size": BATCH}), tmp / "warm"))
     return (f"start-up per cell: cold process (start + import + build + data + 1 step) {cold:.2f}s; "
             f"import alone {imports:.2f}s; in a warm worker (build + data + 1 step) {warm:.2f}s")
@@ -51,8 +53,6 @@ def cpu_profile():
     """torch.profiler over the CPU, without the `USDT: ... profiler_start` and `profiler_stop`
     lines Kineto writes to the process's stderr around every profile (no setting turns them
     off); anything else written to stderr meanwhile is passed on after the profile."""
-    from torch.profiler import ProfilerActivity, profile
-
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as caught:
@@ -130,8 +130,6 @@ def step_breakdown(size, peak, threads: int, steps: int = 12) -> str:
 
 def gpu_figures(steps: int = 30, batch: int = 8):
     """Lines: andrea-120m's tokens/s, MFU and peak memory per kernel backend, torch.compile off and on."""
-    from ablate.kernels import BACKENDS
-
     if not torch.cuda.is_available():
         yield "gpu: no CUDA device here; skipped"
         return

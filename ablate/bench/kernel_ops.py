@@ -84,8 +84,6 @@ CALLS = 20  # calls per sample: a captured graph holds this many, a loop runs th
 
 
 def _sync(device):
-    import torch
-
     return (lambda: torch.cuda.synchronize(device)) if torch.device(device).type == "cuda" else (lambda: None)
 
 

@@ -1,5 +1,5 @@
 """Copies of one model, built from one seed, stepped in turn in one process through the training
-loop's own step (ablate.train.train_step). Steps a few milliseconds apart see the same machine,
+loop's own step (ablate.engine.train.train_step). Steps a few milliseconds apart see the same machine,
 so the ratio of the copies' summed step times is what differs between them, not the machine's
 load; where the copies compute the same math, their losses must be the same bits. The probes
 part (bench/probe_cost.py), cpu-mlp (bench/cpu_kernels.py), subnormals and the time estimate
@@ -9,16 +9,17 @@ from __future__ import annotations
 import torch
 
 from ablate.bench.timing import once
+from ablate.engine import fpmode
+from ablate.engine.cell import Cell
+from ablate.engine.model import build_model
+from ablate.engine.probes import Probes
+from ablate.engine.train import make_optimizer, plan_run, train_step
 
 WARM = 3  # steps of each round left out of its timing
 
 
 def plan_cell(options: dict):
     """The cell's plan, with subnormals as a new run of the harness has them."""
-    from ablate import fpmode
-    from ablate.cell import Cell
-    from ablate.train import plan_run
-
     plan = plan_run(Cell.from_options(options))
     fpmode.apply(plan.cfg.flush_denormal)
     return plan
@@ -26,10 +27,6 @@ def plan_cell(options: dict):
 
 def build_copy(plan, ops=None, probed: bool = False) -> tuple:
     """(model, optimizer, probes or None) from the plan's seed; `ops` a kernel backend (the plan's)."""
-    from ablate.model import build_model
-    from ablate.probes import Probes
-    from ablate.train import make_optimizer
-
     cfg = plan.cfg
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.spec, plan.size, ops or plan.ops, plan.device, init=cfg.init_name)
@@ -42,7 +39,6 @@ def steps_in_turn(plan, copies: list[tuple], first: int, steps: int | None = Non
                   before=lambda i: None) -> tuple[list[list[float]], list[list[float]]]:
     """Each copy's seconds and loss a step for `steps` steps (the plan's), copy `first` going
     first and the order alternating; before(i) runs untimed ahead of copy i's step."""
-    from ablate.train import train_step
 
     cfg = plan.cfg
     seconds, losses = [[] for _ in copies], [[] for _ in copies]

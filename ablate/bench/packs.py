@@ -6,7 +6,7 @@ For each width and pack size: one pack of that many seeds (12 blocks by default,
 context, every step logged, `reference` kernels) trained into a temporary folder, and its
 tokens/s per member (whole wall time, build and first steps included, so a short run
 understates a pack) beside one cell trained alone. With --captured, each pack is trained twice,
-eager and with its steps captured in CUDA graphs (ablate/pack_graphs.py), and the largest
+eager and with its steps captured in CUDA graphs (ablate/engine/pack_graphs.py), and the largest
 difference of their losses is printed: 0 means a replayed step is the eager step, bit for bit.
 """
 from __future__ import annotations
@@ -17,13 +17,16 @@ import tempfile
 import time
 from pathlib import Path
 
+from ablate.core.counts import count, shown
+from ablate.core.errors import ConfigError
+
 MAX_MEMBERS = 1024  # `--members`: pack sizes past any device's memory at these widths; more is a typo
 BASE = {"model": "tiny", "eval_every": 10**6, "eval_batches": 1, "final_eval_batches": 1,
         "kernels": "reference", "checkpoint_every": 10**6}
 
 
 def cells(width: int, members: int, steps: int, device: str, layers: int) -> list:
-    from ablate.cell import Cell
+    from ablate.engine.cell import Cell  # lazy: torch only when used
 
     return [Cell.from_options({**BASE, "width": width, "layers": layers, "steps": steps, "device": device, "seed": s})
             for s in range(members)]
@@ -31,8 +34,8 @@ def cells(width: int, members: int, steps: int, device: str, layers: int) -> lis
 
 def train_pack(group: list, out: Path, captured: bool) -> tuple[float, list[list[float]]]:
     """(seconds, each member's logged losses) of one pack trained into `out`."""
-    import ablate.pack_train as packs
-    from ablate.train import plan_run
+    import ablate.engine.pack_train as packs  # lazy: torch only when used
+    from ablate.engine.train import plan_run
 
     saved, packs.CAPTURE_ON_CUDA = packs.CAPTURE_ON_CUDA, captured
     try:
@@ -47,7 +50,7 @@ def train_pack(group: list, out: Path, captured: bool) -> tuple[float, list[list
 
 
 def train_alone(cell, out: Path) -> float:
-    from ablate.train import train
+    from ablate.engine.train import train  # lazy: torch only when used
 
     t0 = time.perf_counter()
     train(cell, out / cell.id)
@@ -86,8 +89,6 @@ def run(widths: list[int], sizes: list[int], steps: int, captured: bool, device:
 def whole_numbers(low: int, ceiling: int, single: bool = False):
     """`type=` for a comma-separated list of whole numbers in low..ceiling (`single`: one number,
     returned as it is); one line otherwise."""
-    from ablate.counts import count, shown
-
     one = count(low, ceiling)
 
     def parse(text: str) -> list[int]:
@@ -101,8 +102,7 @@ def whole_numbers(low: int, ceiling: int, single: bool = False):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ablate.config import MAX_LAYERS, MAX_STEPS, MAX_WIDTH
-    from ablate.errors import ConfigError
+    from ablate.engine.config import MAX_LAYERS, MAX_STEPS, MAX_WIDTH  # lazy: torch only when used
 
     p = argparse.ArgumentParser(prog="python -m ablate.bench.packs", description=__doc__.split("\n\n")[0])
     p.add_argument("--widths", type=whole_numbers(1, MAX_WIDTH), default="64,256", help="model widths (default 64,256)")

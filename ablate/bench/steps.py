@@ -18,12 +18,12 @@ from pathlib import Path
 
 from ablate.bench.plain_gpt import GRAD_CLIP, PlainLoop
 from ablate.bench.timing import header, row, spread
-from ablate.cell import Cell
-from ablate.config import OPTIONS
-from ablate.data import load_data
-from ablate.rundir import METRICS
-from ablate.sizes import get_size
-from ablate.train import train
+from ablate.core.rundir import METRICS
+from ablate.engine.cell import Cell
+from ablate.engine.config import OPTIONS
+from ablate.engine.data import load_data
+from ablate.engine.sizes import get_size
+from ablate.engine.train import train
 
 BATCH, LR, SEED = 16, 1e-3, 0
 SKIP = 5  # the first steps of every run, left out of every figure (allocator and cache warm-up)
@@ -113,7 +113,7 @@ def report(models: list[str], layers: int | None, steps: int, repeats: int, thre
            probe_every: int | None = None):
     """The step table, then the FLOP/s table against the peak measured before and after it (the
     better of the two per shape: one measurement can land in a slow moment): lines as measured."""
-    from ablate.bench import flops
+    from ablate.bench import flops  # lazy: flops imports this module
 
     default = OPTIONS["probe_every"].default
     yield WHAT_IS_TIMED.format(probe_every=probe_every or default, default=default, steps=steps, batch=BATCH,

@@ -1,13 +1,16 @@
 """What flushing subnormals to zero (option flush_denormal) saves on the shipped claim grids'
 unstable cells (`ablate bench --only subnormals`): two copies of one cell in lockstep
 (bench/lockstep.py), one with subnormals flushed and one without, the setting switched in every
-torch thread before each step (ablate.fpmode)."""
+torch thread before each step (ablate.engine.fpmode)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ablate import fpmode
-from ablate.bench.timing import header, row
+from ablate.bench.lockstep import build_copy, steps_in_turn
+from ablate.bench.timing import header, row, threads as at_threads
+from ablate.engine import fpmode
+from ablate.engine.train import plan_run
+from ablate.grid.spec import load_grid
 
 # (grid, the cell's axis values): cells that go unstable, and a healthy one for contrast.
 CELLS = (("claim-prenorm-wins", {"norm": "post", "warmup": 0, "lr": 1e-2, "seed": 0}),
@@ -29,7 +32,6 @@ class Pair:
 
 
 def find_cell(grid_name: str, axes: dict):
-    from ablate.grid.spec import load_grid
 
     for cell in load_grid(grid_name).cells:
         if all(cell.axes.get(k) == v for k, v in axes.items()):
@@ -39,10 +41,6 @@ def find_cell(grid_name: str, axes: dict):
 
 def lockstep_pair(cell, steps: int | None = None, threads: int = 1) -> Pair:
     """The cell twice for `steps` steps (at most its own), copy 0 flushing subnormals, copy 1 not."""
-    from ablate.bench.lockstep import build_copy, steps_in_turn
-    from ablate.bench.timing import threads as at_threads
-    from ablate.train import plan_run
-
     plan = plan_run(cell)
     steps = min(steps or plan.cfg.steps, plan.cfg.steps)
     with at_threads(threads):

@@ -13,7 +13,7 @@ WALL_CLOCK = (time.perf_counter, lambda start, end: end - start)  # (mark, secon
 
 def cuda_events():
     """WALL_CLOCK's kind on the GPU's own timeline: the host's Python between calls is not counted."""
-    import torch
+    import torch  # lazy: keeps torch off `ablate bench --help`
 
     def mark():
         event = torch.cuda.Event(enable_timing=True)
@@ -57,7 +57,7 @@ def graph_seconds(fn: Callable[[], object], device, repeats: int, calls: int = 2
     between CUDA events, so no host time is counted (the host launches one graph). Warm-up and
     capture run on one side stream (cached per-stream buffers are made before the capture).
     Raises whatever capture raises (an op that syncs, or allocates host memory, cannot be captured)."""
-    import torch
+    import torch  # lazy: keeps torch off `ablate bench --help`
 
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
@@ -96,9 +96,9 @@ def interleaved(fns: dict, rounds: int, repeats: int = 1, warmup: int = 1, calls
 @contextlib.contextmanager
 def threads(n: int):
     """Run at `n` torch threads; the caller's threads and subnormal setting restored after."""
-    import torch
+    import torch  # lazy: keeps torch off `ablate bench --help`
 
-    from ablate import fpmode
+    from ablate.engine import fpmode  # lazy: keeps torch off `ablate bench --help`
 
     outer = torch.get_num_threads(), fpmode.main_thread_flushing()
     torch.set_num_threads(n)

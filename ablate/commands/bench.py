@@ -3,8 +3,17 @@ against a plain nanoGPT-style loop and the machine's matmul peak, and the kernel
 torch's ops (ablate/bench/; docs/performance.md)."""
 from __future__ import annotations
 
+import argparse
 import math
+import os
 import re
+
+from ablate.bench.timing import threads
+from ablate.commands import kernels
+from ablate.core.cores import cpu_count
+from ablate.core.counts import shown
+from ablate.core.errors import ConfigError
+from ablate.engine.sizes import get_size
 
 PARTS = ("steps", "probes", "grid", "startup", "memory", "gpu", "subnormals", "profile",
          "cpu-gelu", "cpu-attention", "cpu-mlp", "kernels")
@@ -41,12 +50,9 @@ def add_arguments(p) -> None:
 
 def _checked(args) -> tuple[list[str], list[str], tuple[int, ...] | None]:
     """(the parts, the models, the shape) the arguments name; ConfigError for a bad one."""
-    import torch
+    import torch  # lazy: keeps torch off `ablate bench --help`
 
-    from ablate.bench.steps import SKIP
-    from ablate.counts import shown
-    from ablate.errors import ConfigError
-    from ablate.sizes import get_size
+    from ablate.bench.steps import SKIP  # lazy: keeps torch off `ablate bench --help`
 
     if args.steps < SKIP + 3:
         raise ConfigError(f"--steps {args.steps}: need at least {SKIP + 3} (the first {SKIP} steps of a run are "
@@ -84,12 +90,9 @@ def _checked(args) -> tuple[list[str], list[str], tuple[int, ...] | None]:
 
 
 def run(args) -> int:
-    import os
 
-    import torch
+    import torch  # lazy: keeps torch off `ablate bench --help`
 
-    from ablate.bench.timing import threads
-    from ablate.cores import cpu_count
 
     parts, models, shape = _checked(args)
     n = args.threads or torch.get_num_threads()
@@ -112,10 +115,8 @@ def run(args) -> int:
 
 def _runners(args, models: list[str], shape: tuple[int, ...] | None, n: int) -> dict:
     """Each part: () -> its text, its lines as measured, or (where it prints its own) its exit status."""
-    import argparse
-
+    # lazy: keeps torch off `ablate bench --help`
     from ablate.bench import cpu_kernels, grid_scaling, harness, probe_cost, steps, subnormals
-    from ablate.commands import kernels
 
     def mlp() -> int:
         text, same = cpu_kernels.mlp(models[0], args.layers or 12, args.steps, args.repeats)

@@ -7,7 +7,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from ablate.errors import ConfigError
+from ablate.core.errors import ConfigError
 
 
 def add_arguments(p) -> None:
@@ -26,6 +26,7 @@ def default_out(source: Path, target: str) -> Path:
 
 
 def run(args) -> int:
+    # lazy: keeps numpy, pandas off `ablate export --help`
     from ablate.analysis.export import ExportError, export_tensorboard, export_wandb
     from ablate.analysis.load import RunsError
 

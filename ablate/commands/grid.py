@@ -9,14 +9,13 @@ Exit status: 0 when every cell ended completed or diverged (or runs in another p
 """
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 from ablate.backends import BACKENDS
-from ablate.bounded_read import read_toml
-from ablate.errors import ConfigError
-from ablate.rundir import PENDING
+from ablate.core.bounded_read import read_toml
+from ablate.core.counts import amount, count
+from ablate.core.errors import ConfigError
+from ablate.engine.pack import STACK_DEFAULT
 
 
 def add_arguments(p) -> None:
@@ -42,8 +41,6 @@ MAX_TIME_MIN, MAX_ARRAY_PARALLELISM = 30 * 24 * 60, 100_000  # 30 days a task
 
 def add_execution_arguments(p) -> None:
     """The flags of GridRunOptions (ablate.grid.runner), one per field: where and how cells run."""
-    from ablate.counts import amount, count
-
     p.add_argument("--backend", choices=BACKENDS, default="local", help="where cells run (default local)")
     p.add_argument("--workers", type=count(0, MAX_WORKERS), metavar="N",
                    help="local: cells at once, each in its own process (default: one per GPU x --cells-per-gpu, "
@@ -54,7 +51,6 @@ def add_execution_arguments(p) -> None:
                    help="ray/slurm: CPUs reserved per cell, also its torch threads (ray default 1)")
     p.add_argument("--retries", type=count(0, MAX_RETRIES), default=1, metavar="N",
                    help="retries of a failing cell before it is recorded failed (default 1)")
-    from ablate.pack import STACK_DEFAULT
 
     p.add_argument("--stack", default=STACK_DEFAULT, metavar="K",
                    help="local: train up to K cells that differ only in seed (lr, warmup) as one stacked model; "
@@ -80,7 +76,7 @@ def add_execution_arguments(p) -> None:
 
 
 def list_grids() -> int:
-    from ablate.grid.spec import load_grid, shipped_grids
+    from ablate.grid.spec import load_grid, shipped_grids  # lazy: keeps torch off `ablate grid --help`
 
     rows = []
     for name in shipped_grids():
@@ -98,52 +94,9 @@ def list_grids() -> int:
     return 0
 
 
-def estimate_line(grid, workers: int) -> str:
-    """The grid's estimated wall time on this machine with local workers (ablate/bench/estimate.py)."""
-    from ablate.bench.estimate import grid_seconds, grid_speed
-
-    workers = max(1, min(workers, len(grid.cells)))
-    speed = grid_speed(grid, workers)
-    seconds = grid_seconds(grid, workers, speed=speed)
-    return (f"estimated time: about {seconds / 60:.1f} min{speed.span(seconds)} with {workers} local "
-            f"worker{'s' if workers != 1 else ''} (--workers), {speed.describe()}; cells that diverge stop early, "
-            "so less")
-
-
-def dry_run(grid, out: Path, workers: int = 1) -> int:
-    from ablate.grid.state import cell_status
-
-    print(f"grid {grid.name} ({grid.source}), scale {grid.scale}, out {out}")
-    collapsed = len(grid.duplicates)
-    print(f"{len(grid.cells)} cells ({grid.combinations} crossings, {collapsed} duplicate"
-          f"{'s' if collapsed != 1 else ''} collapsed), {grid.total_steps:,} steps in total")
-    print(f"cell ids: variant id{''.join(f', {k}' for k in grid.id_keys)}, seed")
-    if grid.overrides:
-        print("--set: " + ", ".join(f"{k}={v}" for k, v in grid.overrides.items()))
-    print(f"  {'status':<10}{'model':<12}{'layers':>6}{'steps':>7}  cell")
-    present = set(os.listdir(out)) if out.is_dir() else set()  # one listing, not a stat per cell
-    lines = []
-    for cell in grid.cells:
-        cfg = cell.setting
-        status = cell_status(out, cell.id) if cell.id in present else PENDING
-        lines.append(f"  {status:<10}{cfg.model:<12}{cfg.size.n_layer:>6}{cfg.steps:>7}  {cell.id}\n")
-    sys.stdout.write("".join(lines))
-    if grid.duplicates:
-        print("duplicates (train the same config as the cell shown, so they run once):")
-        for described, kept in grid.duplicates:
-            print(f"  {described}  ->  {kept}")
-    if grid.refused:
-        print("crossings the variant rules refuse (dropped):")
-        for line in grid.refused:
-            print(f"  {line}")
-    if grid.scale == "cpu":  # other scales are sized for GPUs: no CPU estimate
-        print(estimate_line(grid, workers))
-    print(f"total: {len(grid.cells)} cells, {grid.total_steps:,} steps")
-    return 0
-
-
 def _load(args, overrides):
     """The grid, its imports run only with the user's consent; a dry run without it runs none."""
+    # lazy: keeps torch off `ablate grid --help`
     from ablate.grid.spec import LIST_IMPORTS, REFUSE_IMPORTS, RUN_IMPORTS, load_grid
     from ablate.variants import VariantError
 
@@ -167,6 +120,7 @@ def _has_imports(grid: str) -> bool:
 def run(args) -> int:
     if args.list:
         return list_grids()
+    # lazy: keeps torch off `ablate grid --help`
     from ablate.grid.runner import GridRunOptions, check_grid, default_out, run_grid
     from ablate.grid.spec import parse_overrides, shipped_grids
 
@@ -175,7 +129,7 @@ def run(args) -> int:
     options = GridRunOptions.from_args(args)  # contradictory flags refused before the grid is read
     overrides = parse_overrides(args.set)
     if args.kernels is not None:
-        from ablate.kernels import CHOICES
+        from ablate.kernels import CHOICES  # lazy: keeps torch off `ablate grid --help`
 
         if args.kernels not in CHOICES:
             raise ConfigError(f"--kernels {args.kernels!r} is not a kernel backend; valid: {', '.join(CHOICES)}")
@@ -184,5 +138,7 @@ def run(args) -> int:
     out = args.out or default_out(grid)
     if args.dry_run:
         check_grid(grid, out)
+        from ablate.bench.dry_run import dry_run  # the estimate's timing code (torch): off `ablate grid --help`
+
         return dry_run(grid, out, args.workers or 1)
     return run_grid(grid, out, options)

@@ -8,13 +8,16 @@ check  runs the parity suite (ablate/kernels/parity.py) for every GPU backend on
 bench  times each op forward and forward + backward for PyTorch eager, torch.compile and the
        kernel backends on the same inputs (ablate/bench/kernel_ops.py; also `ablate bench --only kernels`).
 tune   times whole training steps of one cell's shape per backend on a CUDA device, repeats
-       interleaved, and records them for `--kernels auto` (ablate/kernels/step_tune.py): the
+       interleaved, and records them for `--kernels auto` (ablate/bench/step_tune.py): the
        only timing auto takes on a GPU.
 """
 from __future__ import annotations
 
 import os
 import sys
+
+from ablate.bench import step_tune
+from ablate.core.errors import ConfigError
 
 GPU_BACKENDS = ("triton", "cuda")
 # The ceilings of tune's counts (a tune is minutes at most; more is a typo).
@@ -47,7 +50,7 @@ def add_arguments(p) -> None:
 
 
 def _add_tune(sub) -> None:
-    from ablate.commands.train import add_option_flags
+    from ablate.commands.train import add_option_flags  # lazy: keeps torch off `ablate bench --help`
 
     t = sub.add_parser("tune", help="time whole training steps per backend for --kernels auto (CUDA)",
                        description="Time whole training steps of the cell the options describe (as `ablate train` "
@@ -65,9 +68,8 @@ def _add_tune(sub) -> None:
 
 
 def _device(arg):
-    import torch
+    import torch  # lazy: keeps torch off `ablate bench --help`
 
-    from ablate.errors import ConfigError
 
     if arg is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -83,8 +85,6 @@ def _device(arg):
 
 
 def _backend_names(arg, default, valid=GPU_BACKENDS):
-    from ablate.errors import ConfigError
-
     names = [n.strip() for n in (arg or default).split(",") if n.strip()]
     bad = [n for n in names if n not in valid]
     if bad:
@@ -113,7 +113,7 @@ def _cpu_kernels() -> str:
     """The CPU C kernels the `cpu` backend computes with on this machine, each loaded first: a cached
     library that does not verify is rebuilt (ablate/kernels/cpu_cache.py), and one that cannot
     be built is named with why."""
-    from ablate.kernels import cpu_attention, cpu_gelu
+    from ablate.kernels import cpu_attention, cpu_gelu  # lazy: keeps torch off `ablate bench --help`
 
     parts = []
     for what, kernel in (("GELU", cpu_gelu.KERNEL), ("attention", cpu_attention.KERNEL)):
@@ -125,7 +125,7 @@ def _cpu_kernels() -> str:
 def _check(args, device) -> int:
     names = _backend_names(args.backends, ",".join(GPU_BACKENDS), (*GPU_BACKENDS, "cpu"))  # cpu: its own ops' cases
     interpreted = _interpret_triton_on_cpu(device)
-    from ablate.kernels import parity
+    from ablate.kernels import parity  # lazy: keeps torch off `ablate bench --help`
 
     loaded = parity.load_backends(names, device)
     unavailable = {n: b for n, b in loaded.items() if isinstance(b, str)}
@@ -156,9 +156,8 @@ def _check(args, device) -> int:
 
 
 def _bench(args, device) -> int:
-    import torch
+    import torch  # lazy: keeps torch off `ablate bench --help`
 
-    from ablate.errors import ConfigError
 
     if args.rows is not None and args.rows < 1:
         raise ConfigError(f"--rows {args.rows} must be at least 1")
@@ -171,7 +170,7 @@ def _bench(args, device) -> int:
     names = _backend_names(args.backends, ",".join(GPU_BACKENDS)) if (args.backends or on_gpu) else []
     if names and not on_gpu:
         _interpret_triton_on_cpu(device)
-    from ablate.bench import kernel_ops as bench
+    from ablate.bench import kernel_ops as bench  # lazy: keeps torch off `ablate bench --help`
     from ablate.kernels import parity
 
     loaded = parity.load_backends(names, device) if names else {}
@@ -197,8 +196,6 @@ def _bench(args, device) -> int:
 
 
 def _count(flag: str, value: int, ceiling: int) -> int:
-    from ablate.errors import ConfigError
-
     if not 1 <= value <= ceiling:
         raise ConfigError(f"{flag} {value} is out of range; valid: 1 to {ceiling}")
     return value
@@ -207,11 +204,9 @@ def _count(flag: str, value: int, ceiling: int) -> int:
 def _tune(args) -> int:
     """Plan the cell as `ablate train` would (on reference), refuse anything but a CUDA device,
     then time and record (step_tune.tune)."""
-    from ablate.cell import Cell
+    from ablate.engine.cell import Cell  # lazy: keeps torch off `ablate bench --help`
     from ablate.commands.train import collect_options
-    from ablate.errors import ConfigError
-    from ablate.kernels import step_tune
-    from ablate.train import plan_run
+    from ablate.engine.train import plan_run
 
     steps = _count("--timed-steps", args.timed_steps, TUNE_STEPS_MAX)
     repeats = _count("--repeats", args.repeats, TUNE_REPEATS_MAX)

@@ -4,10 +4,10 @@ into DIR."""
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 import warnings
+from dataclasses import replace
 
-from ablate.errors import ConfigError
+from ablate.core.errors import ConfigError
 
 
 def add_arguments(p) -> None:

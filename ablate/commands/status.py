@@ -15,12 +15,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ablate.bounded_read import parse_json
-from ablate.errors import ConfigError
-from ablate import rundir
-from ablate.rundir import (COMPLETED, CONFIG, DIVERGED, DONE, FAILED, FINISHED, GRID_JSON, INTERRUPTED, LOCK, METRICS,
-                           PENDING, RUNNING, json_object, open_regular)
-from ablate.timefmt import fmt_time
+from ablate.core import rundir
+from ablate.core.bounded_read import parse_json
+from ablate.core.counts import amount
+from ablate.core.errors import ConfigError
+from ablate.core.rundir import (COMPLETED, CONFIG, DIVERGED, DONE, FAILED, FINISHED, GRID_JSON, INTERRUPTED, LOCK,
+                                METRICS, PENDING, RUNNING, json_object, open_regular)
+from ablate.core.timefmt import fmt_time
 
 TAIL_BYTES = 16384  # enough for a few metrics rows of a deep model's per-layer keys
 MAX_TAIL_BYTES = 1 << 20
@@ -28,8 +29,6 @@ MAX_INTERVAL_S = 24 * 3600  # `--interval`: a day between refreshes; more overfl
 
 
 def add_arguments(p) -> None:
-    from ablate.counts import amount
-
     p.add_argument("dir", metavar="DIR", help="a grid folder (grid.json and/or cell folders) or a run directory")
     p.add_argument("--watch", action="store_true", help="refresh until interrupted (Ctrl-C)")
     p.add_argument("--interval", type=amount(0, MAX_INTERVAL_S), default=10.0, metavar="S",
@@ -100,7 +99,7 @@ def rate(rows: list[dict]) -> float | None:
 
 
 def cell_state(run_dir: Path, cell_id: str, planned: int | None) -> CellState:
-    """The cell's status (ablate.rundir.status; a pending cell that logged steps is
+    """The cell's status (ablate.core.rundir.status; a pending cell that logged steps is
     interrupted) and, while it is unfinished, how far it got."""
     status = rundir.status(run_dir)
     if status in FINISHED:

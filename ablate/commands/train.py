@@ -4,11 +4,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ablate.bounded_read import UnreadableFile, read_toml
-from ablate.config import EXECUTION, EXPERIMENT, OBSERVATION, OPTION_NAMES, OPTIONS, TRAIN_ID_OPTIONS
-from ablate.errors import ConfigError
+from ablate.core.bounded_read import UnreadableFile, read_toml
+from ablate.core.errors import ConfigError
+from ablate.core.rundir import (CELL_BUSY, CELL_SKIPPED, CHECKPOINT, COMPLETED, FAILED, SUMMARY, check_out_path,
+                                read_json)
+from ablate.engine.cell import Cell, check_id_fits, finished_status, run_cell
+from ablate.engine.config import EXECUTION, EXPERIMENT, OBSERVATION, OPTIONS, OPTION_NAMES, TRAIN_ID_OPTIONS
 from ablate.grid.spec import parse_overrides
-from ablate.rundir import CELL_BUSY, CELL_SKIPPED, COMPLETED, FAILED
 from ablate.variants import AXES
 
 ROLE_TITLES = {EXPERIMENT: "experiment options (define the run; named in its folder when given)",
@@ -16,7 +18,7 @@ ROLE_TITLES = {EXPERIMENT: "experiment options (define the run; named in its fol
 
 
 def add_option_flags(p, skip=()) -> None:
-    """One --flag per declared option (ablate/config.py), grouped by role; values stay strings
+    """One --flag per declared option (ablate/engine/config.py), grouped by role; values stay strings
     until `resolve` checks them."""
     groups = {role: p.add_argument_group(title) for role, title in ROLE_TITLES.items()}
     for name, o in OPTIONS.items():
@@ -57,9 +59,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from ablate.cell import Cell, check_id_fits, finished_status, run_cell
-    from ablate.rundir import CHECKPOINT, SUMMARY, check_out_path, read_json
-
     options, given = collect_options(args)
     id_keys = [k for k in TRAIN_ID_OPTIONS if k in given]
     cell = Cell.from_options(options, id_keys=id_keys)
@@ -78,7 +77,7 @@ def run(args) -> int:
     try:
         result = run_cell(cell, args.out, retries=0, quiet=args.quiet)
     except KeyboardInterrupt as e:
-        from ablate.train import Interrupted
+        from ablate.engine.train import Interrupted  # lazy: torch stays off `ablate train --help`
 
         if isinstance(e, Interrupted):  # stopped between steps, after writing a checkpoint
             print(f"ablate train: {e}", file=sys.stderr)

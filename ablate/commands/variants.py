@@ -1,23 +1,22 @@
 """`ablate variants [--model SIZE]`: the registry, with parameter counts at a size."""
 from __future__ import annotations
 
-from ablate.inspect_model import param_breakdown
-from ablate.model import build_model
-from ablate.sizes import get_size
-from ablate.variant_axes import DECLARED_AXES
+from ablate.core.variant_axes import DECLARED_AXES
+from ablate.engine import plugins
+from ablate.engine.inspect_model import param_breakdown
+from ablate.engine.model import build_model
+from ablate.engine.sizes import get_size
 from ablate.variants import INITS, OPTIMIZERS, PRESETS, SCHEDULES, all_variants
 from ablate.variants.tables import AXIS_VALUES
 
 # (name, registry, values valid besides the registered ones): each variant axis with registered
-# values (ablate/variant_axes.py), then what trains the block
+# values (ablate/core/variant_axes.py), then what trains the block
 REGISTRIES = (*((a.name, AXIS_VALUES[a.registry], a.extra_values) for a in DECLARED_AXES if a.registry),
               ("init", INITS, ()), ("optimizer", OPTIMIZERS, ()), ("schedule", SCHEDULES, ()))
 
 
 def registered_values() -> list[str]:
     """One line per registry: its values, a plugin's marked with the module that registered it."""
-    from ablate import plugins
-
     files = {r["module"]: r["file"] for r in plugins.records() if r.get("file")}
     lines = []
     for axis, registry, extra_values in REGISTRIES:

@@ -17,15 +17,16 @@ import sys
 import time
 from pathlib import Path
 
-from ablate.grid import state as grid_state
 from ablate.backends import BACKENDS, backend_class
 from ablate.backends.base import CellFn, RunResult
-from ablate.cell import CellResources
-from ablate.errors import ConfigError
-from ablate.pack import STACK_AUTO, STACK_DEFAULT, dispatch, parse_stack
-from ablate.progress import Progress
-from ablate.rundir import FAILED, FINISHED, PENDING, RUNNING, SUMMARY
-from ablate.timefmt import fmt_time
+from ablate.core.errors import ConfigError
+from ablate.core.rundir import FAILED, FINISHED, PENDING, RUNNING, SUMMARY, check_out_path, read_json
+from ablate.core.timefmt import fmt_time
+from ablate.engine.cell import CellResources
+from ablate.engine.pack import STACK_AUTO, STACK_DEFAULT, dispatch, parse_stack
+from ablate.grid import state as grid_state
+from ablate.grid.progress import Progress
+from ablate.grid.spec import DEFAULT_SCALE, Grid, load_grid
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +49,7 @@ class GridRunOptions:
     array_parallelism: int | None = None  # slurm: array tasks running at once
     slurm_cluster: str = "slurm"  # slurm: submitit executor (local, debug: for tests)
     no_wait: bool = False  # slurm: submit and return
-    stack: int | str = STACK_DEFAULT  # local: most seeds trained as one stacked model (ablate/pack.py); 1 = off
+    stack: int | str = STACK_DEFAULT  # local: most seeds trained as one stacked model (ablate/engine/pack.py); 1 = off
 
     def __post_init__(self):
         def need(ok, message):
@@ -79,7 +80,6 @@ class GridRunOptions:
 
 
 def default_out(grid) -> Path:
-    from ablate.grid.spec import DEFAULT_SCALE
 
     return Path("runs") / (grid.name if grid.scale == DEFAULT_SCALE else f"{grid.name}-{grid.scale}")
 
@@ -88,8 +88,6 @@ def check_out(grid, out: Path) -> None:
     """Refuse, before anything is written, an --out that is a file or that holds another grid:
     two grids in one folder would overwrite each other's grid.json, and a report on the folder
     would pair cells trained under different settings."""
-    from ablate.rundir import check_out_path, read_json
-
     check_out_path(out, out)
     grid_json = out / grid_state.GRID_JSON
     if grid_json.is_file():
@@ -114,8 +112,6 @@ def run_grid(grid, out: Path | None = None, options: GridRunOptions | None = Non
     """Expand (a grid name or TOML path; or take a loaded Grid) and run a grid into `out`
     (default runs/NAME[-SCALE]); returns the exit status; ConfigError for invalid input.
     `cell_fn` replaces run_cell (tests)."""
-    from ablate.grid.spec import Grid, load_grid
-
     if not isinstance(grid, Grid):
         grid = load_grid(grid, scale, overrides)
     out = Path(out) if out is not None else default_out(grid)
@@ -147,7 +143,7 @@ def run_checked_grid(grid, out: Path, options: GridRunOptions, cell_fn: CellFn |
 
     retried = sum(1 for c in todo if (out / c.id / SUMMARY).exists())  # failed before: tried again
     packs = 0
-    if todo and options.backend == "local":  # cells of a pack reach the backend as one (ablate/pack.py)
+    if todo and options.backend == "local":  # cells of a pack reach the backend as one (ablate/engine/pack.py)
         dispatched, cell_fn, packs = dispatch(todo, executions, options.stack, cell_fn)
     plan = (f"{len(todo)} to run on {backend.describe(todo, executions)}"
             + (f", seeds stacked in {packs} pack{'s' if packs != 1 else ''}" if packs else "")

@@ -2,7 +2,7 @@
 
     name = "prenorm-wins"             # defaults to the file's stem
     description = "one line for `ablate grid --list`"
-    [base]                            # any option of `ablate train` (ablate/config.py), and variant axes
+    [base]                            # any option of `ablate train` (ablate/engine/config.py), and variant axes
     model = "tiny"
     [axes]                            # lists, crossed with each other
     norm = ["pre", "post"]
@@ -31,17 +31,19 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
-from ablate.bounded_read import UnreadableFile, kind_of, read_toml
-from ablate.cell import Cell, check_id_fits
-from ablate.config import EXECUTION_KEYS, OPTION_NAMES, OPTIONS, TrainConfig, coerce_option, group_id, resolve, with_seed
-from ablate.errors import ConfigError
-from ablate.rundir import identity
+from ablate.core.bounded_read import UnreadableFile, kind_of, read_toml
+from ablate.core.errors import ConfigError
+from ablate.core.rundir import identity
+from ablate.engine import plugins
+from ablate.engine.cell import Cell, check_id_fits
+from ablate.engine.config import (EXECUTION_KEYS, OPTIONS, OPTION_NAMES, TrainConfig, coerce_option, group_id, resolve,
+                                  with_seed)
 from ablate.variants import AXES, VariantError, parse_variant
 
 TOP_KEYS = ("name", "description", "imports", "base", "axes", "include", "exclude", "scales")
 SCALE_KEYS = ("description", "base", "axes", "include", "exclude")
 DEFAULT_SCALE = "cpu"
-# Options that never make two cells different runs: how a cell executes (ablate/config.py roles;
+# Options that never make two cells different runs: how a cell executes (ablate/engine/config.py roles;
 # the scheduler sets `threads` per worker).
 NOT_IDENTITY = EXECUTION_KEYS
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
@@ -77,7 +79,6 @@ class _Resolver:
 class CellConfigs(Mapping):
     """cell id -> its resolved TrainConfig, stored as (config without the seed, seed) so that a
     grid of a million seeds holds one config per distinct setting; `distinct()` lists those."""
-
     def __init__(self):
         self._of: dict[str, tuple[TrainConfig, int]] = {}
 
@@ -105,7 +106,6 @@ class CellConfigs(Mapping):
 @dataclass
 class Grid:
     """A grid file expanded at one scale: its cells, ready to run."""
-
     name: str
     source: str  # the file it came from
     description: str
@@ -253,8 +253,6 @@ def _grid_imports(source: str, imports: list[str], base: Path, policy: str) -> N
     """Name every import with its sha256 (and what its source registers) on stderr before any
     runs; run them only with the user's consent: `policy` RUN_IMPORTS (--trust-imports), or
     every one already imported from the command line (--import)."""
-    from ablate import plugins
-
     described = plugins.describe(imports, base)
     consented = policy == RUN_IMPORTS or all(d["imported"] for d in described)
     for d in described:
@@ -337,7 +335,7 @@ def _effective(cfg: TrainConfig, key: str) -> Any:
     return getattr(cfg, key)
 
 
-# Two cells of a grid are the same run when ablate.rundir.identity says so (as it says whether a
+# Two cells of a grid are the same run when ablate.core.rundir.identity says so (as it says whether a
 # run folder holds the run asked for), over every option but the execution ones; the variant
 # axes are compared as the variant they make.
 def grid_compared() -> dict:
@@ -605,8 +603,6 @@ def _name_cells(raw: dict, kept: list[tuple[dict, TrainConfig, int]],
                 resolver: _Resolver) -> tuple[list[Cell], CellConfigs, tuple[str, ...]]:
     """The cells, named by what varies across them (the variant id, those options, the seed);
     their configs; and the options that name them."""
-    from ablate import plugins
-
     source = raw["source"]
     distinct = list({id(cfg): cfg for _, cfg, _ in kept}.values())
     varying_options = tuple(

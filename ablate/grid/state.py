@@ -1,6 +1,6 @@
 """A grid folder's shared state: grid.json and each cell's status, read from disk alone.
 
-Every backend trains a cell with `ablate.cell.run_cell`, which owns the per-cell flock, so
+Every backend trains a cell with `ablate.engine.cell.run_cell`, which owns the per-cell flock, so
 the state of a grid is its run directories: summary.json -> its status; lock held ->
 running; else pending. grid.json is never trusted as the truth: it is re-derived from the
 run directories under a grid-level flock and written atomically, so every writer (the grid
@@ -17,14 +17,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
-from ablate import rundir
-from ablate.cell import Cell
-from ablate.rundir import DONE, GRID_JSON, GRID_LOCK, CellLock, file_version, finished_status, read_json, replace_atomic, \
-    write_json_atomic
+from ablate.core import rundir
+from ablate.core.rundir import (CellLock, DONE, GRID_JSON, GRID_LOCK, file_version, finished_status, read_json,
+                                replace_atomic, write_json_atomic)
+from ablate.engine.cell import Cell
+from ablate.engine.train import check_existing_run
 
 
 def cell_status(out_root: str | Path, cell_id: str) -> str:
-    """The status of cell `cell_id` of the grid folder `out_root` (ablate.rundir.status)."""
+    """The status of cell `cell_id` of the grid folder `out_root` (ablate.core.rundir.status)."""
     return rundir.status(Path(out_root) / cell_id)
 
 
@@ -36,7 +37,6 @@ def _entry(cell: dict[str, Any], status: str) -> dict[str, Any]:
 
 class _FileLock:
     """A blocking exclusive flock, for the few milliseconds grid.json takes to write."""
-
     def __init__(self, path: Path):
         self.path = path
 
@@ -153,10 +153,8 @@ def refresh_grid_json(out_root: str | Path, record: dict[str, Any] | None) -> No
 def check_existing_runs(cells: Iterable[Cell], out_root: str | Path) -> None:
     """Refuse up front (nothing written) when a cell's folder already holds a run of a
     different config, e.g. a rerun with `--set steps=5` into a folder of 300-step runs. The
-    same comparison `ablate train` makes (ablate.train.check_existing_run): the variant by its
+    same comparison `ablate train` makes (ablate.engine.train.check_existing_run): the variant by its
     id, data by fingerprint, kernels, device and dtype as resolved."""
-    from ablate.train import check_existing_run
-
     try:  # one listing, not a path per cell: a grid of a million seeds is checked in seconds
         present = set(os.listdir(out_root))
     except (FileNotFoundError, NotADirectoryError):

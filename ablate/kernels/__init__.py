@@ -13,9 +13,10 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
-from ablate.errors import ConfigError
+from ablate.core.errors import ConfigError
+from ablate.core.registry import Registry
 from ablate.kernels.reference import ReferenceBackend
-from ablate.registry import Registry
+from ablate.kernels.select import pick_auto
 
 KERNEL_BACKENDS: Registry[Callable[[], object]] = Registry("kernels", ConfigError)  # name -> loader()
 
@@ -51,7 +52,6 @@ def get_backend(name: str = "reference", device: str = "cpu", shape: dict | None
     if name != "auto" and name not in KERNEL_BACKENDS:
         raise ConfigError(f"unknown kernels {name!r}; valid: {', '.join(kernel_choices())}")
     if name == "auto":
-        from ablate.kernels.select import pick_auto
 
         name = pick_auto(device, shape)
     if name == "cpu" and not str(device).startswith("cpu"):

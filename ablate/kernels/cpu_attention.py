@@ -6,7 +6,7 @@ Why: at the harness's CPU sizes (head dimension 16, context 64) torch's CPU flas
 kernel reaches about a tenth of the matmul peak, and attention was a fifth of a `tiny` step:
 most of what stood between the default block and nanoGPT's model (issue #29).
 
-Forms (config.json `attention_cpu`; a resumed run keeps its own, ablate.train):
+Forms (config.json `attention_cpu`; a resumed run keeps its own, ablate.engine.train):
   blocked  cpu/attention.c: register tiles, an exact softmax with exp_poly.h's exponential,
            IEEE operations and fixed summation orders, so its AVX-512 and AVX2 copies give the
            same bits, at any thread count
@@ -20,7 +20,7 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
-from ablate.kernels.cpu_build import AVX512, AVX512_NEEDS, EXACT, Copy, CpuKernel
+from ablate.kernels.cpu_build import AVX512, AVX512_NEEDS, Copy, CpuKernel, EXACT
 
 SDPA = "sdpa"
 # Loop distribution would turn the 64-byte row copies into calls to memcpy (10% of the time).

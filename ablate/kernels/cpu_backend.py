@@ -6,7 +6,7 @@ fallback), is `reference`'s plain PyTorch.
 
 Which code computes a run's GELU and attention is part of its bits: a run on this backend
 records the kernels' forms (config.json `gelu_cpu`, `attention_cpu`) and keeps them when
-resumed (ablate.train). `auto` picks this backend on a CPU once it passes the parity suite
+resumed (ablate.engine.train). `auto` picks this backend on a CPU once it passes the parity suite
 (ablate/kernels/select.py), and `--kernels cpu` is refused in one line when it does not: a
 library built wrong (a compiler that miscompiles a constant) never trains.
 """
@@ -18,6 +18,7 @@ import torch
 
 from ablate.kernels import cpu_attention, cpu_gelu
 from ablate.kernels.reference import ReferenceBackend
+from ablate.kernels.select import refuse_failed_cpu
 
 
 class CpuBackend(ReferenceBackend):
@@ -55,7 +56,5 @@ def unchecked() -> CpuBackend:
 def load() -> CpuBackend:
     """The backend a run trains with (`--kernels cpu`), once its kernels passed the quick parity
     suite in this process (select.refuse_failed_cpu: ConfigError when they do not)."""
-    from ablate.kernels.select import refuse_failed_cpu
-
     refuse_failed_cpu()
     return unchecked()

@@ -5,7 +5,7 @@ $ABLATE_CACHE/kernels, and the *forms* a run can compute an op in.
 A form is one computation of an op, to its last bit. Some forms have several copies (AVX-512,
 AVX2) written so that they give the same bits: a machine uses the fastest copy its CPU runs.
 A run records the form it trained with (config.json) and keeps it when resumed
-(ablate/train.py), so each kernel is a `CpuKernel` with its forms, best first, and a fallback
+(ablate/engine/train.py), so each kernel is a `CpuKernel` with its forms, best first, and a fallback
 form computed by torch ops on any machine (the form of every run made before the kernel).
 """
 from __future__ import annotations
@@ -24,8 +24,9 @@ from pathlib import Path
 
 import torch
 
+from ablate.core.paths import cache_root
+from ablate.core.provenance import cpuinfo
 from ablate.kernels import cpu_cache
-from ablate.provenance import cpuinfo
 
 SOURCES = Path(__file__).with_name("cpu")
 # -ffast-math lets GCC call glibc's vector expf; the exact copies keep IEEE semantics (no
@@ -100,7 +101,6 @@ class CpuKernel:
     `fallback` names the torch-ops form; `symbols` maps the functions the copies define, named
     `{symbol}_{copy.isa}`, to their ctypes argument types (a source may leave some out, but each
     is defined by at least one); `headers` the sources' includes (part of the build's hash)."""
-
     def __init__(self, name: str, forms: dict[str, tuple[Copy, ...]], fallback: str, symbols: dict[str, tuple],
                  headers: tuple[str, ...] = ()):
         self.name, self.forms, self.fallback, self.symbols, self.headers = name, forms, fallback, symbols, headers
@@ -115,8 +115,6 @@ class CpuKernel:
 
     @staticmethod
     def _folder() -> Path:
-        from ablate.data import cache_root
-
         return cache_root() / "kernels"
 
     def _target(self, cc: str) -> Path:
@@ -139,7 +137,7 @@ class CpuKernel:
                                check=True, capture_output=True, timeout=300)
                 objects.append(str(obj))
             # Linked without -ffast-math: GCC before 13 would add crtfastmath.o, which turns on
-            # flush-to-zero for the whole process when the library loads (ablate/fpmode.py owns that).
+            # flush-to-zero for the whole process when the library loads (ablate/engine/fpmode.py owns that).
             so = Path(tmp) / "lib.so"
             subprocess.run([cc, "-shared", "-fopenmp", *objects, "-o", str(so), "-lmvec", "-lm"],
                            check=True, capture_output=True, timeout=300)

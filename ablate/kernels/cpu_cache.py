@@ -28,8 +28,8 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
-from ablate.bounded_read import UnreadableFile, read_json
-from ablate.rundir import TEMPORARY_GLOB, open_regular, replace_atomic
+from ablate.core.bounded_read import UnreadableFile, read_json
+from ablate.core.rundir import TEMPORARY_GLOB, open_regular, replace_atomic
 
 RECORD = ".build.json"  # <library><RECORD>: what the build wrote
 LOCK = ".build.lock"

@@ -9,7 +9,7 @@ nanoGPT has one fused kernel; at the harness's CPU widths that gap was most of t
 block's deficit against nanoGPT's model (issue #29).
 
 Forms. Which code computed a run's GELU is part of its bits, so a run records its form
-(config.json `gelu_cpu`) and keeps it when resumed (ablate.train). Best first:
+(config.json `gelu_cpu`) and keeps it when resumed (ablate.engine.train). Best first:
   poly-bias   gelu_tanh_poly.c: its own inlined exponential, IEEE operations and explicit fused
               multiply-adds, so its AVX-512 and AVX2 copies give the same bits (the faster one
               the CPU has is used); on CPUs with FMA. The dense MLP's first layer adds its bias
@@ -30,7 +30,7 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
-from ablate.kernels.cpu_build import AVX512, AVX512_NEEDS, EXACT, Copy, CpuKernel
+from ablate.kernels.cpu_build import AVX512, AVX512_NEEDS, Copy, CpuKernel, EXACT
 
 PASSES = "passes"
 # form -> its copies, fastest first: a machine computes a form with the first copy its CPU runs.

@@ -16,8 +16,9 @@ import shutil
 from pathlib import Path
 
 import torch
+from torch.utils.cpp_extension import CUDA_HOME
 
-from ablate.errors import ConfigError
+from ablate.core.errors import ConfigError
 from ablate.kernels.ops_base import KernelBackend, define_ops, sm_count
 
 SOURCE_DIR = Path(__file__).with_name("cuda")
@@ -27,8 +28,6 @@ MAX_NORM_WIDTH = 8192  # ablate_kernels.h: kMaxNormCols
 
 def nvcc_path() -> str | None:
     """The nvcc torch would build with, or None."""
-    from torch.utils.cpp_extension import CUDA_HOME
-
     if CUDA_HOME and os.path.exists(os.path.join(CUDA_HOME, "bin", "nvcc")):
         return os.path.join(CUDA_HOME, "bin", "nvcc")
     return shutil.which("nvcc")
@@ -54,7 +53,7 @@ def device_arch(index: int | None = None) -> str:
 @functools.lru_cache(maxsize=None)
 def extension(arch: str):
     """Build (or load from the cache) the extension for compute capability `arch`."""
-    from torch.utils.cpp_extension import load
+    from torch.utils.cpp_extension import load  # lazy: the name is this module's own too
 
     old = os.environ.get("TORCH_CUDA_ARCH_LIST")
     os.environ["TORCH_CUDA_ARCH_LIST"] = arch  # this device's architecture only
@@ -84,7 +83,6 @@ _EXT_BY_INDEX: dict = {}  # device index -> its architecture's extension: one di
 
 class _Launchers:
     """ops_base.Launchers on the compiled extension (built on first use)."""
-
     @staticmethod
     def _ext(t: torch.Tensor):
         index = t.device.index

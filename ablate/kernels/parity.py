@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ablate.errors import ConfigError
+from ablate.core.errors import ConfigError
+from ablate.kernels import get_backend
+from ablate.kernels.cpu_backend import unchecked
 from ablate.kernels.ops_base import ACTS, poisoned_outputs
 from ablate.kernels.reference import ReferenceBackend
 
@@ -238,8 +240,6 @@ def default_device() -> str:
 
 def load_backends(names=GPU_BACKENDS, device: str | None = None) -> dict[str, object]:
     """name -> backend object, or the one-line reason it cannot run on `device`."""
-    from ablate.kernels import get_backend
-
     device = device or default_device()
     out: dict[str, object] = {}
     for name in names:
@@ -257,10 +257,8 @@ def load_backends(names=GPU_BACKENDS, device: str | None = None) -> dict[str, ob
 
 def _unchecked_cpu(device: str):
     if not str(device).startswith("cpu"):
-        from ablate.kernels import get_backend
 
         return get_backend("cpu", device)  # refused in its one line
-    from ablate.kernels.cpu_backend import unchecked
 
     return unchecked()
 

@@ -18,14 +18,15 @@ import contextlib
 import json
 import sys
 
-from ablate.errors import ConfigError
+from ablate.core.errors import ConfigError
+from ablate.core.paths import cache_root
 
 _CHOICE: dict[str, str] = {}
 AUTO_DETAILS: dict[str, dict] = {}
 
 
 def _device_key(device) -> str:
-    import torch
+    import torch  # lazy: torch only when used
 
     d = torch.device(device)
     return f"cuda:{d.index if d.index is not None else torch.cuda.current_device()}"
@@ -34,7 +35,7 @@ def _device_key(device) -> str:
 def pick_auto(device, shape: dict | None = None) -> str:
     """The backend `auto` trains with on `device`; `shape` (step_cache.step_shape) the cell's
     step, without which a CUDA device trains `reference` (nothing was measured for it)."""
-    import torch
+    import torch  # lazy: torch only when used
 
     if not str(device).startswith("cuda") or not torch.cuda.is_available():
         fresh = "cpu" not in _CHOICE
@@ -50,7 +51,7 @@ def pick_auto(device, shape: dict | None = None) -> str:
 
 def failed_parity(name: str, backend, device: str, details: dict, quiet: bool = False) -> bool:
     """Run the quick parity suite; record and report a backend that fails or crashes it."""
-    from ablate.kernels import parity
+    from ablate.kernels import parity  # lazy: torch only when used
 
     try:
         rows = parity.run_suite({name: backend}, device, quick=True)
@@ -71,7 +72,7 @@ def _cpu_choice() -> str:
     quick parity suite, else `reference`: checked once a process (the library and those forms
     do not change in it), the details in AUTO_DETAILS["cpu"]."""
     if "cpu" not in _CHOICE:
-        from ablate.kernels import cpu_attention, cpu_gelu
+        from ablate.kernels import cpu_attention, cpu_gelu  # lazy: keeps torch off `ablate train --help`
         from ablate.kernels.cpu_backend import unchecked
 
         details: dict = {"parity": {}, "seconds": {}, "skipped": {}}
@@ -89,7 +90,6 @@ def refuse_failed_cpu() -> None:
     when the C kernels compute other values than `reference` (a library built wrong)."""
     if _cpu_choice() == "cpu":
         return
-    from ablate.data import cache_root
 
     why = AUTO_DETAILS["cpu"]["skipped"]["cpu"]
     raise ConfigError(f"kernels 'cpu' failed its parity check on this machine ({why}): its C kernels compute "
@@ -100,7 +100,7 @@ def refuse_failed_cpu() -> None:
 def _pick_cuda(device: str, shape: dict | None, key: str) -> str:
     """`reference` unless the step cache says a backend is faster on this step here; the choice
     is loaded and checked, and nothing else is."""
-    from ablate.kernels import step_cache
+    from ablate.kernels import step_cache  # lazy: torch only when used
 
     details: dict = {"parity": {}, "seconds": {}, "skipped": {}}
     AUTO_DETAILS[key] = AUTO_DETAILS[device] = details
@@ -117,7 +117,7 @@ def _pick_cuda(device: str, shape: dict | None, key: str) -> str:
 
 def _verified(name: str, device: str, details: dict) -> bool:
     """Load the one backend `auto` chose and run its quick parity suite on the device."""
-    from ablate.kernels import parity
+    from ablate.kernels import parity  # lazy: torch only when used
 
     backend = parity.load_backends((name,), device)[name]
     if isinstance(backend, str):

@@ -19,10 +19,12 @@ import json
 import re
 import statistics
 import sys
+from importlib import metadata
 from pathlib import Path
 
-from ablate.bounded_read import UnreadableFile, read_json
-from ablate.rundir import write_json_atomic
+from ablate.core.bounded_read import UnreadableFile, read_json
+from ablate.core.paths import cache_root
+from ablate.core.rundir import write_json_atomic
 
 FILE = "step_times.json"
 MAX_ENTRIES = 200  # the oldest go first: a cache, not a history
@@ -31,15 +33,11 @@ _SAID: set[str] = set()
 
 
 def path() -> Path:
-    from ablate.data import cache_root
-
     return cache_root() / "kernels" / FILE
 
 
 def _version(package: str) -> str | None:
     """A package's version without importing it (importing Triton is part of what auto avoids)."""
-    from importlib import metadata
-
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
@@ -58,7 +56,7 @@ def driver_version() -> str | None:
 
 def device_key(device) -> dict:
     """What a step timing depends on besides the step: the GPU, its driver, the libraries."""
-    import torch
+    import torch  # lazy: torch only when used
 
     d = torch.device(device)
     index = d.index if d.index is not None else torch.cuda.current_device()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import multiprocessing as mp
 import os
 import re
 import subprocess
@@ -63,7 +64,7 @@ _POINTER_TYPES = {"torch.float32": "*fp32", "torch.bfloat16": "*bf16", "torch.in
 def _arg_type(v) -> tuple[str, bool]:
     """(Triton signature type, divisible by 16) for one runtime argument, as Triton's JIT
     specializes it: 16-byte aligned pointers and ints divisible by 16 get a divisibility hint."""
-    import torch
+    import torch  # lazy: torch only when used
 
     if isinstance(v, torch.Tensor):
         return _POINTER_TYPES[str(v.dtype)], v.data_ptr() % 16 == 0
@@ -78,7 +79,6 @@ def _arg_type(v) -> tuple[str, bool]:
 
 class _Recorder:
     """Stands in for a JITFunction: `kernel[grid](*args, **kwargs)` records a Launch."""
-
     def __init__(self, kernel, sink: list[Launch]):
         self.kernel, self.sink = kernel, sink
 
@@ -104,7 +104,7 @@ class _Recorder:
 @contextlib.contextmanager
 def recording(tk):
     """Replace every kernel of module `tk` by a recorder; yields the list of launches."""
-    import triton
+    import triton  # lazy: an optional package (triton)
 
     launches: list[Launch] = []
     kernels = {n: k for n, k in vars(tk).items() if isinstance(k, triton.runtime.jit.JITFunction)
@@ -122,9 +122,9 @@ def _drive_launchers(tk) -> None:
     """Call each launcher once per (dtype, activation or norm flavour, width) the backend can
     produce, with the tensors ops_base would hand it (inputs and outputs in the data dtype;
     weights, biases, statistics and partial gradients in float32)."""
-    import torch
+    import torch  # lazy: torch only when used
 
-    from ablate.kernels.ops_base import ACTS
+    from ablate.kernels.ops_base import ACTS  # lazy: torch only when used
 
     f32 = torch.float32
     for dt in (torch.float32, torch.bfloat16):
@@ -158,7 +158,7 @@ def _drive_launchers(tk) -> None:
 
 def launches() -> list[Launch]:
     """Every distinct specialization the launchers produce (compiled-mode triton_kernels)."""
-    from ablate.kernels import triton_kernels as tk
+    from ablate.kernels import triton_kernels as tk  # lazy: torch only when used
 
     if tk.INTERPRETED:
         raise RuntimeError("triton_kernels was imported with TRITON_INTERPRET=1; run this in a fresh process without it")
@@ -181,7 +181,7 @@ class Compiled:
 
 def _resource_usage(cubin: bytes) -> tuple[int | None, int | None]:
     """(registers, local memory bytes) from `cuobjdump -res-usage`, or (None, None)."""
-    from triton import knobs
+    from triton import knobs  # lazy: an optional package (triton)
 
     try:
         tool = knobs.nvidia.cuobjdump.path
@@ -198,7 +198,7 @@ def _resource_usage(cubin: bytes) -> tuple[int | None, int | None]:
 
 
 def compile_launch(launch: Launch, arch: int) -> Compiled:
-    import triton
+    import triton  # lazy: an optional package (triton)
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -233,7 +233,6 @@ def compile_all(arch: int = 90, workers: int | None = None) -> list[Compiled]:
     workers = workers or len(os.sched_getaffinity(0))
     if workers <= 1 or len(todo) < 2:
         return [compile_launch(launch, arch) for launch in todo]
-    import multiprocessing as mp
 
     _FORKED = (todo, arch)  # children inherit the launches (kernel objects do not pickle)
     try:

@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from ablate.errors import ConfigError
+from ablate.core.errors import ConfigError
 from ablate.kernels import triton_kernels as tk
 from ablate.kernels.ops_base import KernelBackend, define_ops
 

@@ -11,7 +11,6 @@ import pytest
 
 from ablate.analysis.export import ExportError, export_tensorboard, export_wandb
 from ablate.cli import main
-
 from tests.helpers.planted_links import plant_links, victims_untouched
 from tests.helpers.synthetic_runs import write_grid, write_run
 

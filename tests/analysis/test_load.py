@@ -5,7 +5,6 @@ import math
 import pytest
 
 from ablate.analysis.load import RunsError, layer_columns, load_runs
-
 from tests.helpers.synthetic_runs import write_grid, write_run
 
 

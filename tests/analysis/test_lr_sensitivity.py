@@ -13,7 +13,6 @@ from ablate.analysis.lr_sensitivity import (SENSITIVITY, analyse_sweep, compare_
                                             per_seed_sensitivity, sweep_cells)
 from ablate.analysis.report import render
 from ablate.analysis.stats import PAIRED, mean_interval
-
 from tests.helpers.synthetic_runs import write_run
 
 PRE, POST = "pre.layernorm.gelu.dense.res", "post.layernorm.gelu.dense.res"

@@ -6,7 +6,6 @@ import pytest
 
 from ablate.analysis.load import load_runs
 from ablate.analysis.metrics import cell_metrics, layer_profiles, spike_mask, spread
-
 from tests.helpers.synthetic_runs import write_run
 
 

@@ -8,7 +8,6 @@ import warnings
 import pytest
 
 from ablate.analysis.metrics_index import MetricsIndex
-
 from tests.helpers.synthetic_runs import write_run
 
 

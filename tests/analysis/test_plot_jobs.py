@@ -8,7 +8,6 @@ from ablate.analysis.analyse import analyse
 from ablate.analysis.plot_jobs import run_plot_jobs, start_order
 from ablate.analysis.plots import Plot
 from ablate.analysis.report import make_plots
-
 from tests.helpers.synthetic_runs import write_run
 
 PRE, POST = "pre.layernorm.gelu.dense.res", "post.layernorm.gelu.dense.res"

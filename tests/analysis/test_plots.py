@@ -5,10 +5,10 @@ import pandas as pd
 import pytest
 
 from ablate.analysis.analyse import analyse
-from ablate.analysis.plots import _layer_map, ema, make_style, plot_grad_heatmaps, plot_grad_profiles, plot_loss_curves, \
-    PlainLogFormatter, _plain_log_labels, plot_probe_heatmaps, plot_residual_rms
+from ablate.analysis.plots import (PlainLogFormatter, _layer_map, _plain_log_labels, ema, make_style,
+                                   plot_grad_heatmaps, plot_grad_profiles, plot_loss_curves, plot_probe_heatmaps,
+                                   plot_residual_rms)
 from ablate.analysis.report import make_plots
-
 from tests.helpers.synthetic_runs import write_run
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

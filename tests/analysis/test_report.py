@@ -12,7 +12,6 @@ from ablate.analysis.analyse import Settings, analyse
 from ablate.analysis.report import LOSS_DIGITS, OTHER_DIGITS, RESULT_COLUMNS, render, write_report
 from ablate.analysis.stats import adjust_p_values, format_p, holm
 from ablate.cli import main
-
 from tests.helpers.planted_links import plant_links, victims_untouched
 from tests.helpers.synthetic_runs import write_grid, write_run
 
@@ -230,8 +229,8 @@ def test_report_outputs_planted_as_links_leave_their_targets_untouched(tmp_path)
 
 
 def test_the_step_of_a_line_dropped_on_resume_is_kept_in_the_record_and_named_in_the_report(tmp_path, capsys):
-    import ablate.train as T
-    from ablate.cell import Cell, run_cell
+    import ablate.engine.train as T
+    from ablate.engine.cell import Cell, run_cell
 
     cell = Cell.from_options({"layers": 2, "steps": 6, "checkpoint_every": 2, "eval_batches": 1,
                               "final_eval_batches": 1})

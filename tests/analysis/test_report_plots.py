@@ -7,7 +7,7 @@ import pytest
 
 from ablate.analysis import report
 from ablate.analysis.report_plots import REPORT_PLOTS, ReportPlot, report_plot
-from ablate.registry import RegistryError
+from ablate.core.registry import RegistryError
 
 
 def test_the_built_in_plots_in_report_order_with_positive_costs():

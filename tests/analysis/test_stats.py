@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 
-from ablate.analysis.stats import (BOOTSTRAP_MIN_VALUES, MAX_SEEDS, PAIRED, WELCH, Interval, adjust_p_values,
+from ablate.analysis.stats import (BOOTSTRAP_MIN_VALUES, Interval, MAX_SEEDS, PAIRED, WELCH, adjust_p_values,
                                    bootstrap_ci, correct, discordant_pairs, group_stats, holm, interval_note,
                                    mcnemar_exact, mcnemar_pairs_for_power, mean_interval, one_sample_p_value,
                                    one_sided_power, one_sided_seeds_for_power, paired_comparison, paired_p_value,
@@ -339,7 +339,7 @@ def test_one_sided_seeds_for_power_is_none_without_an_effect_or_beyond_max_seeds
 
 
 def test_varies_is_false_for_no_value_one_value_or_rounding_noise():
-    from ablate.analysis.stats import varies  # the one definition (analysis/decide.py imports it)
+    from ablate.analysis.stats import varies  # the one definition (ablate/claims/decide.py imports it)
 
     assert not varies(np.array([])) and not varies(np.array([2.0])) and not varies(np.array([1.0, 1.0 + 1e-15]))
     assert varies(np.array([1.0, 1.001]))

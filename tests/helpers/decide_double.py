@@ -53,7 +53,7 @@ class DecisionDouble:
         return [s for c in self.clauses for s in c.needs]
 
     def to_json(self) -> dict:
-        from ablate.analysis.claim_report import SCHEMA  # verdict.json's layout, with fewer keys
+        from ablate.claims.claim_report import SCHEMA  # verdict.json's layout, with fewer keys
 
         return {"schema": SCHEMA, "double": True, "headline": self.headline,
                 "clauses": [{"label": c.label, "status": c.status, "why": c.why,
@@ -63,9 +63,9 @@ class DecisionDouble:
 
 def _finished(cells, selector: dict, seeds) -> list | None:
     """The final losses of the finished cells `selector` names at `seeds`, or None if one is missing."""
-    from ablate.analysis.selection import select
+    from ablate.claims.selection import select
 
-    from ablate.rundir import DONE
+    from ablate.core.rundir import DONE
 
     frame = cells[cells["status"].isin(DONE)]
     values = []

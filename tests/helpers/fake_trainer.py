@@ -7,10 +7,10 @@ import textwrap
 import time
 from pathlib import Path
 
-from ablate.cell import run_cell
 from ablate.cli import build_parser
+from ablate.core.rundir import write_json_atomic
+from ablate.engine.cell import run_cell
 from ablate.grid.runner import GridRunOptions
-from ablate.rundir import write_json_atomic
 
 
 def write_grid(tmp_path, text, name="g.toml"):
@@ -40,14 +40,14 @@ def _fake_train(cell, run_dir, quiet=True, plan=None):
 def fake_cell(cell, out_root, retries=0, quiet=True, execution=None):
     """The real run_cell (skip, lock, retry, failed summary) around the fake trainer.
     Importable by name, so spawned workers can run it."""
-    import ablate.train
+    import ablate.engine.train
 
-    real = ablate.train.train
-    ablate.train.train = _fake_train
+    real = ablate.engine.train.train
+    ablate.engine.train.train = _fake_train
     try:
         return run_cell(cell, out_root, retries, quiet, execution)
     finally:
-        ablate.train.train = real
+        ablate.engine.train.train = real
 
 
 def attempts(run_dir):

@@ -1,7 +1,7 @@
 """`python tests/helpers/holding_reproduce.py FD ARGS...` is `ablate ARGS...` (with the reference
 time estimates, as reproduce_process.py) whose first cell, instead of training, writes a line to
 the inherited file descriptor FD and waits until the process is killed: a reproduce run that
-holds its claim folder's lock (ablate/claim/lock.py) as long as a test needs, and says when it
+holds its claim folder's lock (ablate/claims/lock.py) as long as a test needs, and says when it
 does. Run it with `--workers 0`, so the cell is called in this process."""
 import os
 import signal

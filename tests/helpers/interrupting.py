@@ -1,13 +1,13 @@
 """Stop a training run as SIGINT would, at a chosen step, without sending a signal."""
 import contextlib
 
-import ablate.train as T
+import ablate.engine.train as T
 
 
 @contextlib.contextmanager
 def interrupted_at(monkeypatch, step: int):
     """Inside the block, train() behaves as if SIGINT arrived during `step`: it finishes that
-    step, checkpoints, and raises ablate.train.Interrupted."""
+    step, checkpoints, and raises ablate.engine.train.Interrupted."""
     received: list = []
 
     @contextlib.contextmanager

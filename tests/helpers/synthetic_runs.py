@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ablate.rundir import COMPLETED, DIVERGED, FAILED, FINISHED, RUNNING
+from ablate.core.rundir import COMPLETED, DIVERGED, FAILED, FINISHED, RUNNING
 
 DEFAULT_VARIANT = "pre.layernorm.gelu.dense.res"
 GATED_MLPS = ("swiglu", "geglu", "reglu")
 TOKENS_PER_STEP = 1024
 DIVERGE_FACTOR = 2.0  # as the engine's default: diverged when loss > 2 x the first loss
-STATUSES = (*FINISHED, RUNNING)  # what a synthetic run may be (ablate/rundir.py declares the words)
+STATUSES = (*FINISHED, RUNNING)  # what a synthetic run may be (ablate/core/rundir.py declares the words)
 
 
 @dataclass
@@ -56,7 +56,7 @@ def variant_axes(variant_id: str) -> dict[str, Any]:
 
 
 def _fmt(value: Any) -> str:
-    # The engine's spelling of an option value in a cell id (ablate/config.py).
+    # The engine's spelling of an option value in a cell id (ablate/engine/config.py).
     if isinstance(value, bool):
         return str(value).lower()
     return f"{value:g}" if isinstance(value, float) else str(value)

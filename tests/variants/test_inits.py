@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
-from ablate.config import resolve
-from ablate.model import build_model
-from ablate.sizes import get_size
+from ablate.engine.config import resolve
+from ablate.engine.model import build_model
+from ablate.engine.sizes import get_size
 from ablate.variants import make_variant
 
 

@@ -4,10 +4,10 @@ import math
 import pytest
 import torch
 
-from ablate.config import resolve
-from ablate.errors import ConfigError
-from ablate.lr import lr_at
-from ablate.model import build_model
+from ablate.core.errors import ConfigError
+from ablate.engine.config import resolve
+from ablate.engine.lr import lr_at
+from ablate.engine.model import build_model
 from ablate.variants import OPTIMIZERS
 from ablate.variants.optimizers import is_hidden_matrix
 

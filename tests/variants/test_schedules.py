@@ -1,8 +1,8 @@
 """The learning-rate schedules of variants/schedules.py."""
 import pytest
 
-from ablate.config import resolve
-from ablate.lr import lr_at
+from ablate.engine.config import resolve
+from ablate.engine.lr import lr_at
 
 
 def test_wsd_gives_the_specified_lr_at_chosen_steps():

@@ -3,7 +3,8 @@ import itertools
 
 import pytest
 
-from ablate.variants import ACTIVATIONS, AXES, MLPS, NORMS, PLACEMENTS, VariantError, all_variants, make_variant, parse_variant
+from ablate.variants import (ACTIVATIONS, AXES, MLPS, NORMS, PLACEMENTS, VariantError, all_variants, make_variant,
+                             parse_variant)
 
 
 def test_every_axis_value_of_the_design_is_registered():

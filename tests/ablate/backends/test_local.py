@@ -7,14 +7,13 @@ import os
 import re
 from pathlib import Path
 
-from ablate import cores
 from ablate.backends import local
 from ablate.cli import build_parser
+from ablate.core import cores
+from ablate.core.rundir import CellLock, write_json_atomic
 from ablate.grid import state as grid_state
 from ablate.grid.runner import GridRunOptions, run_checked_grid
 from ablate.grid.spec import load_grid
-from ablate.rundir import CellLock, write_json_atomic
-
 from tests.helpers.fake_trainer import SMALL, attempts, fake_cell, grid_args, write_grid
 
 
@@ -122,7 +121,7 @@ def test_busy_cells_are_reported_as_they_end_and_never_skipped(tmp_path, capsys,
     calls = []
 
     def cell_fn(cell, out_root, retries=0, quiet=True, execution=None):
-        from ablate.cell import CellOutcome
+        from ablate.engine.cell import CellOutcome
 
         calls.append(cell.id)
         run_dir = Path(out_root) / cell.id

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cluster_helpers import (assert_complete, engine_missing, grid_process, killable_grid, logged_steps,
-                             one_ray_at_a_time, run_grid, trained_ids, wait_until, write_grid)
+                                           one_ray_at_a_time, run_grid, trained_ids, wait_until, write_grid)
 
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray")

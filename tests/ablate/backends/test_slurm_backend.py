@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from ablate.backends.slurm_job import read_result
-
 from tests.helpers.cluster_helpers import (TINY_LAYERS, assert_complete, engine_missing, grid_process, killable_grid,
                                            logged_steps, metrics, run_grid, trained_ids, wait_until, without_timing,
                                            write_grid)

@@ -14,8 +14,7 @@ import pytest
 from ablate.backends.slurm_backend import _SubmitLock, signal_delay_s
 from ablate.backends.slurm_job import parse_seconds, read_result, result_path
 from ablate.backends.slurm_tools import _sbatch_errors, is_active, parse_minutes
-from ablate.errors import ConfigError
-
+from ablate.core.errors import ConfigError
 from tests.helpers.cluster_helpers import metrics, without_timing, write_grid
 
 
@@ -63,7 +62,7 @@ def test_the_submit_lock_refuses_a_link_and_never_writes_through_it(tmp_path):
 TASK = """
     import pickle, sys
     from ablate.backends.slurm_job import SlurmCellJob
-    from ablate.cell import CellResources
+    from ablate.engine.cell import CellResources
     cell, out = pickle.load(open(sys.argv[1], "rb")), sys.argv[2]
     print("RESULT", SlurmCellJob(margin_s=float(sys.argv[3]))(cell, CellResources(), out, 0, None), flush=True)
 """
@@ -112,7 +111,7 @@ def test_a_task_near_its_time_limit_checkpoints_requeues_itself_and_resumes_bit_
     """Time left 0:04 with a 2 s margin: the task stops after ~2 s with a checkpoint, calls
     `scontrol requeue 76_1` and exits without a result. Started again (time left ample), it
     resumes and finishes; the metrics equal an uninterrupted run's."""
-    from ablate.cell import run_cell
+    from ablate.engine.cell import run_cell
     from ablate.grid.spec import load_grid
 
     # Too many steps to finish inside the 2 s before the deadline (a quiet 2-core machine

@@ -16,7 +16,7 @@ import pytest
 import ablate.bench.estimate as estimate
 from ablate.bench.timing import interleaved, time_calls
 from ablate.cli import main
-from ablate.config import resolve
+from ablate.engine.config import resolve
 
 MACHINE_SPEED = estimate.machine_speed  # before conftest's fixture swaps it for the reference
 GRID = "claim-prenorm-wins"  # a shipped grid
@@ -111,7 +111,7 @@ def test_ablate_speed_reference_estimates_from_the_yardstick_without_measuring(m
 
 
 def test_grid_dry_run_prints_the_measured_estimate(measured, capsys, tmp_path):
-    """(`ablate reproduce --list` prints the same figures: tests/analysis/test_verdict.py runs it.)"""
+    """(`ablate reproduce --list` prints the same figures: tests/ablate/claims/test_verdict.py runs it.)"""
     grid = tmp_path / "g.toml"
     grid.write_text('name = "g"\n[base]\nsteps = 20\n[axes]\nseed = [0, 1, 2]\n')
     assert main(["grid", str(grid), "--dry-run", "--workers", "2", "--out", str(tmp_path / "o")]) == 0

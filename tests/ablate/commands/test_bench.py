@@ -9,9 +9,9 @@ import torch
 from ablate.bench import flops
 from ablate.bench.grid_scaling import Scaling
 from ablate.bench.plain_gpt import PlainGPT, configure_optimizer, get_batch
+from ablate.engine.model import build_model
+from ablate.engine.sizes import get_size
 from ablate.kernels import cpu_attention
-from ablate.model import build_model
-from ablate.sizes import get_size
 from ablate.variants import make_variant
 
 HARNESS_NAMES = {"ln_1": "wiring.norm_attn", "ln_2": "wiring.norm_mlp", "attn.c_attn": "attn.c_attn",
@@ -42,8 +42,8 @@ def twin_models(size, gelu: str, act: str):
 
 def harness_optimizer(model):
     """The optimizer the harness trains `model` with at its default options."""
-    from ablate.config import resolve
-    from ablate.train import make_optimizer
+    from ablate.engine.config import resolve
+    from ablate.engine.train import make_optimizer
 
     return make_optimizer(model, resolve({"lr": 1e-3}))
 
@@ -157,7 +157,7 @@ def test_the_probes_part_steps_one_model_twice_in_turn_probes_on_and_off(capsys,
     """`--only probes`: a row per size; the probed copy logs and measures (collect and the stability
     probes run on it), the other copy runs no probe, and their losses are the same bits."""
     from ablate.cli import main
-    from ablate.probes import Probes, Stability
+    from ablate.engine.probes import Probes, Stability
 
     calls = {"collect": 0, "measure": 0}
     for cls, name in ((Probes, "collect"), (Stability, "measure")):

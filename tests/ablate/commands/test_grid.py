@@ -12,9 +12,8 @@ import time
 import pytest
 
 from ablate.cli import main
+from ablate.core.rundir import CellLock
 from ablate.grid.spec import load_grid
-from ablate.rundir import CellLock
-
 from tests.helpers.cluster_helpers import one_ray_at_a_time
 from tests.helpers.live_files import complete_rows
 
@@ -146,16 +145,16 @@ def test_two_grid_processes_on_one_folder_split_the_work(tmp_path):
 
 @pytest.mark.slow
 def test_a_failing_cell_is_retried_then_recorded_and_the_grid_exits_1(tmp_path, capsys, monkeypatch):
-    import ablate.train
+    import ablate.engine.train
 
-    real = ablate.train.train
+    real = ablate.engine.train.train
 
     def flaky(cell, run_dir, quiet=True, plan=None):
         if cell.options["seed"] == 1:
             raise RuntimeError("injected failure")
         return real(cell, run_dir, quiet, plan)
 
-    monkeypatch.setattr(ablate.train, "train", flaky)
+    monkeypatch.setattr(ablate.engine.train, "train", flaky)
     path = write_grid(tmp_path, "seed = [0, 1, 2]\n")
     grid, out = load_grid(path), tmp_path / "out"
     assert main(["grid", str(path), "--out", str(out), "--workers", "0", "--retries", "1"]) == 1

@@ -1,5 +1,5 @@
-"""`ablate ladder`: the rungs and their rate transfer (ablate/ladder_rungs.py), the per-clause effects
-across sizes (analysis/ladder_report.py), bad input refused up front (widths that overflow, pass
+"""`ablate ladder`: the rungs and their rate transfer (ablate/ladder/rungs.py), the per-clause effects
+across sizes (ablate/ladder/report.py), bad input refused up front (widths that overflow, pass
 the ladder's ceilings or do not fit the heads; damaged ladder folders; --backtest that cannot be
 scored), its edge rungs (a grid without an `lr` key, another backend without --workers, a rung
 whose cells all failed or diverged, an earlier sweep's cells in a rung folder, links planted at
@@ -15,15 +15,13 @@ import tomllib
 
 import pytest
 
-from ablate import ladder_rungs as ladder
-from ablate.analysis import ladder_report as L
-from ablate.analysis.claims import claim_at_rung
-from ablate.analysis.verdict import AGREES
+from ablate.claims.claim_file import claim_at_rung
+from ablate.claims.verdict import AGREES
 from ablate.cli import main
-from ablate.config import is_default, resolve
-from ablate.errors import ConfigError
+from ablate.core.errors import ConfigError
+from ablate.engine.config import is_default, resolve
 from ablate.grid.spec import find_grid, load_grid, shipped_grids
-
+from ablate.ladder import report as L, rungs as ladder
 from tests.helpers.synthetic_runs import write_grid, write_run
 
 
@@ -50,7 +48,7 @@ def test_the_sweep_moves_one_step_toward_an_edge_only_when_a_best_rate_sits_ther
 
 
 def test_a_claims_selected_rates_follow_its_rung():
-    from ablate.commands.reproduce import find_claim
+    from ablate.claims.run import find_claim
 
     claim = find_claim("qk-norm")
     mapped = claim_at_rung(claim, {3e-2: 0.06, 1e-1: 0.2, 1e-3: 0.002, 1e-2: 0.02})
@@ -75,8 +73,8 @@ def test_a_rung_grid_scales_every_rate_and_names_itself(tmp_path):
 
 
 def test_a_rung_leaves_out_the_equal_parameter_cells_and_the_reports_that_read_them():
-    from ablate.analysis.claims import ClaimError
-    from ablate.commands.reproduce import find_claim
+    from ablate.claims.claim_file import ClaimError
+    from ablate.claims.run import find_claim
 
     data = ladder.read_grid_data(find_grid("claim-mlp-ratio"))
     rung = ladder.with_rates(ladder.rungs_for([16, 32, 64], 64)[1], ladder.grid_rates(data))
@@ -95,8 +93,8 @@ def test_a_rung_leaves_out_the_equal_parameter_cells_and_the_reports_that_read_t
 def test_a_clause_a_rung_cannot_run_is_refused_before_anything_runs(tmp_path):
     from dataclasses import replace
 
-    from ablate.commands.ladder import LadderPlan
-    from ablate.commands.reproduce import find_claim
+    from ablate.ladder.run import LadderPlan
+    from ablate.claims.run import find_claim
 
     claim = find_claim("mlp-ratio")
     first = claim.clauses[0]
@@ -328,7 +326,7 @@ def test_a_rung_whose_cells_all_failed_or_diverged_still_gets_its_report(tmp_pat
 
 
 def test_a_claim_plot_of_a_rung_whose_cells_all_diverged_is_drawn(tmp_path, grid_file):
-    from ablate.analysis.claim_report import write_claim_report
+    from ablate.claims.claim_report import write_claim_report
 
     _rung(tmp_path / "w16", status="diverged")
     _, verdict = write_claim_report(_claim(grid_file), tmp_path / "w16")
@@ -349,7 +347,7 @@ def test_a_rung_counts_only_its_own_grids_cells(tmp_path, grid_file):
 
 @pytest.mark.parametrize("name", ["grids", "plots"])
 def test_a_link_planted_at_grids_or_plots_is_replaced_not_written_through(tmp_path, grid_file, name):
-    from ablate.commands.ladder import LadderPlan
+    from ablate.ladder.run import LadderPlan
 
     out = tmp_path / "ladder"
     out.mkdir()
@@ -454,9 +452,9 @@ def test_a_width_axis_makes_distinct_cells_named_by_their_width(tmp_path):
 
 
 def test_seeds_put_every_rung_at_n_seeds_and_enter_the_frozen_plan(tmp_path):
-    from ablate.commands.ladder import LadderPlan
-    from ablate.commands.reproduce import find_claim
-    from ablate.ladder_rungs import plan_identity
+    from ablate.ladder.run import LadderPlan
+    from ablate.claims.run import find_claim
+    from ablate.ladder.rungs import plan_identity
 
     claim = find_claim("swiglu")
     own = LadderPlan(claim, find_grid(claim.grid), "cpu", {}, [16, 32, 64], False, "refuse", tmp_path / "a")
@@ -481,16 +479,16 @@ def test_a_bad_seed_count_or_a_seed_override_is_one_line(capsys, tmp_path):
 
 
 def test_the_frozen_plan_records_the_held_out_rungs_seeds(tmp_path, monkeypatch):
-    import ablate.analysis.backtest as backtest
-    import ablate.analysis.ladder_report as ladder_report
-    from ablate.commands.ladder import LadderPlan, _freezer
-    from ablate.commands.reproduce import find_claim
+    import ablate.ladder.run as ladder_run
+    from ablate.claims.run import find_claim
+    from ablate.ladder.run import LadderPlan, _freezer
 
     claim = find_claim("swiglu")
     plan = LadderPlan(claim, find_grid(claim.grid), "cpu", {}, [16, 32, 64, 128], False, "refuse", tmp_path / "l", 4)
     held = []
-    monkeypatch.setattr(backtest, "freeze_plan", lambda claim, out, identity, h, ladder: held.append(h))
-    monkeypatch.setattr(ladder_report, "load_ladder", lambda out: None)
-    monkeypatch.setattr(backtest, "sha256_file", lambda path: "sha")
+    # patched where the ladder calls them
+    monkeypatch.setattr(ladder_run, "freeze_plan", lambda claim, out, identity, h, ladder: held.append(h))
+    monkeypatch.setattr(ladder_run, "load_ladder", lambda out: None)
+    monkeypatch.setattr(ladder_run, "sha256_file", lambda path: "sha")
     _freezer(plan, {"held_out": "w128"})(plan.rungs[-1], plan.grids[-1], plan.sizes[-1])
     assert held[0]["seeds"] == 4 and held[0]["size"] == plan.sizes[-1]

@@ -1,5 +1,5 @@
 """`ablate reproduce` designs beyond the grid's own: `--seeds N` (a fixed design of N seeds),
-`--decide [--budget]` (looks of more seeds until each clause is decided, ablate/claim/looks.py),
+`--decide [--budget]` (looks of more seeds until each clause is decided, ablate/claims/looks.py),
 and the grid's execution flags (--backend, --workers, the cluster options)."""
 import json
 import os
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from ablate.claim.design import parse_budget, seed_sequence
-from ablate.claim.looks import UNDECIDED
+from ablate.claims.design import seed_sequence
+from ablate.claims.options import parse_budget
+from ablate.claims.options import UNDECIDED
 from ablate.cli import main
-from ablate.errors import ConfigError
-
+from ablate.core.errors import ConfigError
 from tests.helpers.cluster_helpers import engine_missing, one_ray_at_a_time, wait_until
 from tests.helpers.decide_double import DECIDED_AT, decide_double, report_double
 from tests.helpers.repo import REPO
@@ -197,14 +197,14 @@ def _options(**kw):
 
 
 def _request(options=None, **kw):
-    from ablate.commands.reproduce import Request
+    from ablate.claims.plan import Request
 
     return Request("cpu", {}, options or _options(), decide=True, **kw)
 
 
 def _decide(tmp_path, **kw):
-    from ablate.claim.looks import run_decide
-    from ablate.commands.reproduce import find_claim
+    from ablate.claims.looks import run_decide
+    from ablate.claims.run import find_claim
 
     cells = tmp_path / "cells"
     status, decision = run_decide(find_claim(str(mini_claim(tmp_path))), cells, _request(**kw),
@@ -236,7 +236,7 @@ def test_decide_adds_seeds_only_to_the_cells_an_undecided_clause_reads_and_stops
 
 @pytest.mark.slow
 def test_a_look_that_does_not_fit_the_budget_is_not_started(tmp_path, monkeypatch, capsys):
-    import ablate.commands.reproduce as reproduce
+    import ablate.claims.looks as looks
 
     estimates = []
 
@@ -244,7 +244,7 @@ def test_a_look_that_does_not_fit_the_budget_is_not_started(tmp_path, monkeypatc
         estimates.append(sorted(c.id for c in grid.cells))
         return float(sum(1 if c.id.endswith(("=0", "=1", "=2")) else 10 for c in grid.cells))
 
-    monkeypatch.setattr(reproduce, "look_seconds", look_seconds)
+    monkeypatch.setattr(looks, "look_seconds", look_seconds)
     with pytest.raises(ConfigError, match=r"^--budget: look 1 \(9 cells to train\), about 9s, does not fit in the "
                                            r"7s left of 7s; nothing was run"):
         _decide(tmp_path, budget=7.4)  # look 1: 9 cells, 9 s: does not fit
@@ -258,7 +258,7 @@ def test_a_look_that_does_not_fit_the_budget_is_not_started(tmp_path, monkeypatc
 
 
 def test_a_record_of_another_design_is_set_aside_not_trusted(tmp_path):
-    from ablate.claim.looks import LookLog
+    from ablate.claims.looks import LookLog
 
     key = {"claim": "c", "scale": "cpu", "overrides": {}}
     path = tmp_path / "decide.json"
@@ -285,7 +285,7 @@ def _decide_process(claim: Path, cells: Path, *flags) -> subprocess.Popen:
 
 @pytest.mark.slow
 def test_decide_adds_looks_stops_and_killed_9_mid_look_reruns_to_the_same_verdict(tmp_path):
-    from ablate.analysis.sequential import LOOKS
+    from ablate.claims.spending import LOOKS
 
     claim = mini_claim(tmp_path)
     whole = _decide_process(claim, tmp_path / "whole")
@@ -356,8 +356,8 @@ def test_decide_runs_its_looks_on_a_running_ray_cluster(tmp_path):
 def test_a_rerun_that_finds_earlier_looks_on_disk_names_the_look_the_decision_asks_for():
     from types import SimpleNamespace
 
-    from ablate.analysis.sequential import LOOKS
-    from ablate.claim.looks import look_index
+    from ablate.claims.spending import LOOKS
+    from ablate.claims.looks import look_index
 
     asks = lambda *seeds: SimpleNamespace(clauses=[SimpleNamespace(next_seeds=s) for s in seeds])  # noqa: E731
     assert look_index(asks(tuple(range(LOOKS[2])), None), 1) == 2  # the third look, not the loop's second
@@ -368,8 +368,8 @@ def test_a_rerun_that_finds_earlier_looks_on_disk_names_the_look_the_decision_as
 def test_a_best_rate_claims_first_run_is_named_the_rate_sweep_not_look_1(tmp_path, monkeypatch, capsys):
     # Its grid's own seeds choose the rates and are never tested: the looks start on fresh seeds.
     import ablate.grid.runner as grid_runner
-    from ablate.claim.looks import FIRST_RUN, run_decide
-    from ablate.commands.reproduce import find_claim
+    from ablate.claims.looks import FIRST_RUN, run_decide
+    from ablate.claims.run import find_claim
 
     grid = tmp_path / "mini.toml"
     grid.write_text(textwrap.dedent(MINI_GRID).replace('act = ["gelu", "relu", "silu"]',
@@ -467,16 +467,16 @@ def test_a_look_recorded_as_started_but_never_taken_asks_the_budget_again(tmp_pa
     # let a later `--budget 1s` skip the budget check and train the look.
     from types import SimpleNamespace
 
-    import ablate.commands.reproduce as reproduce
-    from ablate.claim.design import design_grid
-    from ablate.claim.looks import DECIDE_JSON, LookLog, design_key
+    import ablate.claims.run as reproduce
+    from ablate.claims.design import design_grid
+    from ablate.claims.looks import DECIDE_JSON, LookLog, design_key
 
     claim, cells = mini_claim(tmp_path), tmp_path / "cells"
     loaded = reproduce.find_claim(str(claim))
     ids = [c.id for c in design_grid(loaded, "cpu", {}).cells]
     key = design_key(loaded, SimpleNamespace(scale="cpu", overrides={}))
     LookLog(key, [sorted(ids)], 0.0).write(cells / "decide" / DECIDE_JSON)
-    monkeypatch.setattr(reproduce, "look_seconds", lambda grid, req: 10.0 * len(grid.cells))
+    monkeypatch.setattr("ablate.claims.looks.look_seconds", lambda grid, req: 10.0 * len(grid.cells))
     trained = []
     monkeypatch.setattr("ablate.grid.runner.run_grid", lambda *a, **k: trained.append(a) or 0)
     assert main(["reproduce", str(claim), "--decide", "--budget", "1s", "--workers", "0", "--out", str(cells)]) == 2
@@ -512,18 +512,18 @@ def test_a_fixed_design_whose_cells_did_not_finish_exits_3_with_no_verdict(tmp_p
 
 
 def test_quick_workers_count_the_cores_this_process_may_use(monkeypatch):
-    import ablate.commands.reproduce as reproduce
+    import ablate.claims.plan as plan
 
-    monkeypatch.setattr(reproduce, "cpu_count", lambda: 1)  # a taskset or SLURM share of one core
-    assert reproduce.quick_workers() == 1
+    monkeypatch.setattr(plan, "cpu_count", lambda: 1)  # a taskset or SLURM share of one core
+    assert plan.quick_workers() == 1
 
 
 def test_grid_cells_has_a_column_per_declared_variant_axis(monkeypatch):
-    import ablate.commands.reproduce as reproduce
+    import ablate.claims.selectors as selectors
+    from ablate.core.variant_axes import AXES
     from ablate.grid.spec import load_grid
-    from ablate.variant_axes import AXES
 
     grid = load_grid("claim-prenorm-wins")
-    assert list(reproduce.grid_cells(grid).columns[2:2 + len(AXES)]) == list(AXES)
-    monkeypatch.setattr(reproduce, "AXES", ("norm",))  # the columns follow the declaration, not a list of their own
-    assert "qk_norm" not in reproduce.grid_cells(grid).columns
+    assert list(selectors.grid_cells(grid).columns[2:2 + len(AXES)]) == list(AXES)
+    monkeypatch.setattr(selectors, "AXES", ("norm",))  # the columns follow the declaration, not a list of their own
+    assert "qk_norm" not in selectors.grid_cells(grid).columns

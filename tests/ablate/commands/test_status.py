@@ -8,8 +8,7 @@ from pathlib import Path
 
 from ablate.cli import main
 from ablate.commands.status import grid_states, tail_rows
-from ablate.rundir import CellLock
-
+from ablate.core.rundir import CellLock
 from tests.helpers.repo import REPO
 from tests.helpers.synthetic_runs import write_grid, write_run
 

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-import ablate.train
-from ablate.cell import Cell, CellResources, run_cell
+import ablate.engine.train
 from ablate.cli import main
-from ablate.rundir import write_json_atomic
+from ablate.core.rundir import write_json_atomic
+from ablate.engine.cell import Cell, CellResources, run_cell
 
 CELL = "post.layernorm.gelu.dense.res__batch_size=2__seq_len=16__steps=3__seed=0"
 # On the CPU wherever the tests run, so that --device cuda and --dtype bfloat16 are other runs.
@@ -70,7 +70,7 @@ def interrupt_at(monkeypatch):
         received.clear()
         yield received
 
-    real_lr_at = ablate.train.lr_at
+    real_lr_at = ablate.engine.train.lr_at
 
     def lr_at(step, *args, **kwargs):
         threads_seen.append(torch.get_num_threads())
@@ -78,8 +78,8 @@ def interrupt_at(monkeypatch):
             received.append(signal.SIGINT)
         return real_lr_at(step, *args, **kwargs)
 
-    monkeypatch.setattr(ablate.train, "_graceful_signals", signals)
-    monkeypatch.setattr(ablate.train, "lr_at", lr_at)
+    monkeypatch.setattr(ablate.engine.train, "_graceful_signals", signals)
+    monkeypatch.setattr(ablate.engine.train, "lr_at", lr_at)
 
     def arm(step):
         when["step"] = step
@@ -270,7 +270,7 @@ def test_a_resumed_run_keeps_its_thread_count_and_refuses_another(tmp_path, caps
 def test_a_schedulers_thread_count_yields_to_the_recorded_one(tmp_path, interrupt_at, two_threads):
     cell = Cell.from_options({"steps": 6, "batch_size": 2, "seq_len": 16, "eval_batches": 1, "threads": 1})
     interrupt_at(2)
-    with pytest.raises(ablate.train.Interrupted):
+    with pytest.raises(ablate.engine.train.Interrupted):
         run_cell(cell, tmp_path)
     threads_seen = interrupt_at(None)
     # A grid resumed with another worker count hands the cell another thread count (an
@@ -349,7 +349,7 @@ def test_token_cache_files_are_readable_by_others_and_shards_are_scanned_once(tm
     shard folder's fingerprint and largest token id are cached, not re-read at every run start."""
     import numpy as np
 
-    from ablate import data as data_mod
+    from ablate.engine import data as data_mod
 
     monkeypatch.setenv("ABLATE_CACHE", str(tmp_path / "cache"))
     old = os.umask(0o022)

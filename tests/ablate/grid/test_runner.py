@@ -7,17 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from ablate.backends import BACKENDS, backend_class
-from ablate.backends import local
+from ablate.backends import BACKENDS, backend_class, local
 from ablate.backends.base import Backend
-from ablate.cell import Cell, CellResources
 from ablate.cli import build_parser
-from ablate.errors import ConfigError
-from ablate.grid.runner import GridRunOptions, run_grid
-from ablate.grid.runner import run_checked_grid
+from ablate.core.errors import ConfigError
+from ablate.engine.cell import Cell, CellResources
+from ablate.engine.train import plan_run
+from ablate.grid.runner import GridRunOptions, run_checked_grid, run_grid
 from ablate.grid.spec import load_grid
-from ablate.train import plan_run
-
 from tests.helpers.fake_trainer import fake_cell, write_grid
 from tests.helpers.repo import REPO
 

@@ -8,13 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from ablate.cell import CellResources
 from ablate.cli import main
-from ablate.errors import ConfigError
+from ablate.core.errors import ConfigError
+from ablate.core.rundir import CellLock, write_json_atomic
+from ablate.engine.cell import CellResources
 from ablate.grid import state as grid_state
 from ablate.grid.spec import load_grid, shipped_grids
-from ablate.rundir import CellLock, write_json_atomic
-
 from tests.helpers.fake_trainer import SMALL, write_grid
 
 # --------------------------------------------------------------------------- grid files

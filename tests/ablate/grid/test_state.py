@@ -1,5 +1,5 @@
 """ablate.grid.state: a grid folder's state read from its run folders alone: each cell's
-status (ablate.rundir.status), grid.json re-derived from them (an update re-derives only what
+status (ablate.core.rundir.status), grid.json re-derived from them (an update re-derives only what
 changed, and its counts never go back with two grid processes on one folder), and which cells to
 dispatch."""
 import json
@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from ablate.cell import Cell
-from ablate.errors import ConfigError
+from ablate.core.errors import ConfigError
+from ablate.core.rundir import CONFIG, GRID_JSON, METRICS, SUMMARY, write_json_atomic
+from ablate.engine.cell import Cell
 from ablate.grid import state as grid_state
 from ablate.grid.spec import load_grid
-from ablate.rundir import CONFIG, GRID_JSON, METRICS, SUMMARY, write_json_atomic
-
 from tests.helpers.repo import REPO
 
 OPTIONS = {"layers": 2, "steps": 3, "probes": False, "eval_batches": 1, "final_eval_batches": 1,
@@ -41,7 +40,7 @@ def make_states(root: Path, name=lambda key: key) -> subprocess.Popen:
     (root / name("partial")).mkdir()
     (root / name("partial") / METRICS).write_text('{"step": 0, "loss": 4.0}\n')
     holder = subprocess.Popen([sys.executable, "-c",
-                               "import time; from ablate.rundir import CellLock; "
+                               "import time; from ablate.core.rundir import CellLock; "
                                f"assert CellLock({str(root / name('busy'))!r}).acquire(); print('held', flush=True); "
                                "time.sleep(60)"], stdout=subprocess.PIPE, text=True, cwd=REPO)
     assert holder.stdout.readline().strip() == "held"

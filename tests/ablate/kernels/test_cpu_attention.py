@@ -9,11 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from ablate.cli import main
+from ablate.engine.sizes import get_size
 from ablate.kernels import cpu_attention
 from ablate.kernels.cpu_backend import CpuBackend
 from ablate.kernels.cpu_build import cpu_has
-from ablate.sizes import get_size
-
 from tests.helpers.interrupting import interrupted_at
 
 BLOCKED = "blocked" in cpu_attention.available()
@@ -67,7 +66,7 @@ def test_it_matches_float64_forward_and_backward(shape):
 def test_on_c_attns_output_the_gradient_is_written_in_place_with_the_same_bits():
     """The model's q, k, v are views of c_attn's output: the kernel then takes that tensor and
     writes its gradient whole, the values the three-gradient path and autograd's join give."""
-    from ablate.model import build_model
+    from ablate.engine.model import build_model
     from ablate.variants import make_variant
 
     B, H, T, D = 2, 4, 24, 16
@@ -254,7 +253,7 @@ def test_a_pinned_copy_computes_every_call_the_backward_through_autograd_too(mon
 def test_a_run_on_another_device_records_no_cpu_form_and_needs_no_compiler(tmp_path, monkeypatch):
     """A GPU run computes neither CPU kernel: resumed on a machine where they do not build, it
     is not refused, and nothing is compiled for it."""
-    from ablate.train import CPU_KERNELS, _cpu_forms_for
+    from ablate.engine.train import CPU_KERNELS, _cpu_forms_for
 
     for kernel, _ in CPU_KERNELS.values():
         monkeypatch.setattr(kernel, "_lib", [(None, "no C compiler (a test)")])

@@ -9,13 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import ablate.train
-from ablate.cell import Cell, run_cell
-from ablate.errors import ConfigError
+import ablate.engine.train
+from ablate.core.errors import ConfigError
+from ablate.engine.cell import Cell, run_cell
+from ablate.engine.train import CPU_KERNELS, recorded_kernels
 from ablate.kernels import cpu_attention, cpu_gelu, get_backend, kernel_choices, parity, select
 from ablate.kernels.cpu_backend import CpuBackend
 from ablate.kernels.reference import ReferenceBackend
-from ablate.train import CPU_KERNELS, recorded_kernels
 from ablate.variants import ACTIVATIONS
 
 FAST = {"model": "tiny", "layers": 2, "batch_size": 4, "seq_len": 16, "eval_every": 100, "eval_batches": 1,
@@ -134,7 +134,7 @@ def run(out, **options):
 
 def interrupt_after(monkeypatch, out, step, **options):
     """Train until `step`, then stop with a checkpoint, as Ctrl-C would."""
-    real_lr_at, received = ablate.train.lr_at, []
+    real_lr_at, received = ablate.engine.train.lr_at, []
 
     def lr_at(at, *args, **kwargs):
         if at == step:
@@ -142,9 +142,9 @@ def interrupt_after(monkeypatch, out, step, **options):
         return real_lr_at(at, *args, **kwargs)
 
     with monkeypatch.context() as m:
-        m.setattr(ablate.train, "lr_at", lr_at)
-        m.setattr(ablate.train, "_graceful_signals", lambda: contextlib.nullcontext(received))
-        with pytest.raises(ablate.train.Interrupted):
+        m.setattr(ablate.engine.train, "lr_at", lr_at)
+        m.setattr(ablate.engine.train, "_graceful_signals", lambda: contextlib.nullcontext(received))
+        with pytest.raises(ablate.engine.train.Interrupted):
             run(out, **options)
 
 

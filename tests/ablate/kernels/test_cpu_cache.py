@@ -18,7 +18,6 @@ import pytest
 
 from ablate.kernels import cpu_attention, cpu_cache, cpu_gelu
 from ablate.kernels.cpu_build import builds_here
-
 from tests.helpers.synthetic_runs import write_grid, write_run
 
 needs_a_build = pytest.mark.skipif(not builds_here() or cpu_gelu.library()[0] is None,
@@ -357,8 +356,8 @@ def _cells_on_two_forms(root):
 
 
 def test_a_report_and_a_verdict_name_the_mixed_forms_of_their_cells(tmp_path, capsys):
-    from ablate.analysis.claims import parse_claim
-    from ablate.analysis.verdict import evaluate
+    from ablate.claims.claim_file import parse_claim
+    from ablate.claims.verdict import evaluate
     from ablate.cli import main
 
     _cells_on_two_forms(tmp_path)

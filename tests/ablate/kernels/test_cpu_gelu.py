@@ -138,12 +138,12 @@ def test_without_a_compiler_a_run_trains_with_the_passes_and_says_so(tmp_path, m
 
 
 def test_a_run_from_before_the_kernel_resumes_on_the_passes_bit_for_bit(tmp_path, monkeypatch, capsys):
-    import ablate.train
+    import ablate.engine.train
 
     with monkeypatch.context() as m:  # the reference: a whole run on the passes, as before the kernel
         without_a_compiler(m)
         assert main([*ARGS, "--out", str(tmp_path / "ref")]) == 0
-        m.setattr(ablate.train, "lr_at", _stop_after(2, ablate.train.lr_at, m))
+        m.setattr(ablate.engine.train, "lr_at", _stop_after(2, ablate.engine.train.lr_at, m))
         assert main([*ARGS, "--out", str(tmp_path / "cut")]) == 130
     (config,) = (tmp_path / "cut").glob("*/config.json")
     old = json.loads(config.read_text())
@@ -168,7 +168,7 @@ def _stop_after(step, real, m):
     import contextlib
     import signal
 
-    import ablate.train
+    import ablate.engine.train
 
     received = []
 
@@ -176,7 +176,7 @@ def _stop_after(step, real, m):
     def signals():
         yield received
 
-    m.setattr(ablate.train, "_graceful_signals", signals)
+    m.setattr(ablate.engine.train, "_graceful_signals", signals)
 
     def lr_at(s, *args, **kwargs):
         if s == step:

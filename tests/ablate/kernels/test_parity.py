@@ -20,15 +20,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from ablate.errors import ConfigError
+from ablate.core.errors import ConfigError
+from ablate.engine.model import build_model
+from ablate.engine.sizes import get_size
 from ablate.kernels import get_backend, parity
 from ablate.kernels.ops_base import ACTS, as_rows
 from ablate.kernels.reference import ReferenceBackend
-from ablate.model import build_model
-from ablate.sizes import get_size
 from ablate.variants import make_variant
 from ablate.variants.tables import ACTIVATIONS
-
 from tests.helpers.repo import REPO
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -137,16 +137,16 @@ def test_the_cache_file_keeps_one_entry_per_device_and_shape(gpu):
 
 
 def test_plan_run_hands_auto_the_cells_step_shape(monkeypatch):
-    import ablate.train
-    from ablate.cell import Cell
+    import ablate.engine.train
+    from ablate.engine.cell import Cell
 
     seen = {}
-    real = ablate.train.get_backend
-    monkeypatch.setattr(ablate.train, "get_backend", lambda name, device, shape=None: seen.update(shape=shape)
+    real = ablate.engine.train.get_backend
+    monkeypatch.setattr(ablate.engine.train, "get_backend", lambda name, device, shape=None: seen.update(shape=shape)
                         or real(name, device, shape))
     cell = Cell.from_options({"model": "tiny", "layers": 1, "batch_size": 3, "seq_len": 16, "kernels": "reference",
                               "device": "cpu"})
-    plan = ablate.train.plan_run(cell)
+    plan = ablate.engine.train.plan_run(cell)
     assert seen["shape"] == step_cache.step_shape(plan.cfg, plan.size, None)
     assert seen["shape"]["batch_size"] == 3 and seen["shape"]["seq_len"] == 16 and seen["shape"]["dtype"] == "float32"
 

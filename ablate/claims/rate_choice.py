@@ -1,0 +1,79 @@
+"""Whether a best-rate comparison is about the arms' best rates or only their chosen rates.
+
+`best_lr = true` chooses each arm's rate on the sweep's seeds (verdict.at_best_lr) and compares
+the arms at those rates on fresh seeds. The fresh seeds free the test of the winner's curse, but
+not the choice of its error: on a coarse grid, when another rate of the sweep is within noise of
+the chosen one, the chosen rate may not be the arm's best, and "a at its best rate beats b at
+its best" is then only "a at this rate beats b at that one". So for each arm this names the
+rates of its sweep that the choosing seeds cannot tell from the chosen one: the paired gap
+(each choosing seed's loss at the other rate minus at the chosen rate) whose two-sided 95%
+t interval reaches 0 (or, with one choosing seed, any gap under 0.05 nats). The clause then
+says the comparison is at its chosen rates, not the arms' best rates. Wording only: it decides
+nothing. tests/ablate/claims/test_rate_choice.py simulates the coarse grid of issue 52.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy import special
+
+CHOSEN_NOT_BEST = ("compared at the chosen rates, not the arms' best rates: another swept rate is within noise of "
+                   "a chosen one")
+NEAR_LEVEL = 0.95  # the gap's two-sided interval: within noise while it reaches 0
+ONE_SEED_GAP = 0.05  # nats: with one choosing seed, no spread: a closer rate is within noise
+
+
+def within_noise(scores: np.ndarray) -> tuple[int, list[tuple[int, float, float]]]:
+    """scores: (choosing seeds, rates) of scored loss. (the chosen rate's column: the lowest
+    mean, [(another column, its mean gap to the chosen, the gap's interval half-width)]) for the
+    rates the seeds cannot tell from the chosen one."""
+    means = np.nanmean(scores, axis=0)
+    chosen = int(np.nanargmin(means))
+    near = []
+    for j in range(scores.shape[1]):
+        if j == chosen:
+            continue
+        gap = scores[:, j] - scores[:, chosen]
+        gap = gap[np.isfinite(gap)]
+        if gap.size == 0:
+            continue
+        if gap.size == 1:
+            if gap[0] < ONE_SEED_GAP:
+                near.append((j, float(gap[0]), math.inf))
+            continue
+        half = float(special.stdtrit(gap.size - 1, 0.5 + NEAR_LEVEL / 2)) * float(gap.std(ddof=1)) / math.sqrt(gap.size)
+        if float(gap.mean()) - half <= 0:
+            near.append((j, float(gap.mean()), half))
+    return chosen, near
+
+
+def open_axes(cells: pd.DataFrame, varying: list[str]) -> list[str]:
+    """The axes an arm leaves open beside seed and lr: each value of them gets its own best rate."""
+    return [ax for ax in varying if ax not in ("seed", "lr") and ax in cells and cells[ax].nunique(dropna=False) > 1]
+
+
+def near_rates(cells: pd.DataFrame, others: list[str], choose_on) -> list[tuple[str, float, float, float]]:
+    """[(group label, chosen lr, a rate within noise of it, their gap in nats)] for each group of
+    an arm's cells (the other axes it leaves open), read on the choosing seeds `choose_on`."""
+    out = []
+    groups = cells.groupby(others, dropna=False, sort=True) if others else [((), cells)]
+    for values, group in groups:
+        choosing = group[group["seed"].isin(list(choose_on))]
+        table = pd.to_numeric(choosing["scored_loss"], errors="coerce").groupby(
+            [choosing["seed"], choosing["lr"].astype(float)]).mean().unstack("lr")
+        if table.empty or table.shape[1] < 2 or table.isna().all().all():
+            continue
+        chosen, near = within_noise(table.to_numpy(dtype=float))
+        label = ", ".join(f"{ax} {v}" for ax, v in zip(others, values if isinstance(values, tuple) else (values,)))
+        rates = list(table.columns)
+        out += [(label, float(rates[chosen]), float(rates[j]), gap) for j, gap, _ in near]
+    return out
+
+
+def near_text(side: str, near: list) -> str:
+    """"compared at its chosen rate, not its best: a's lr 0.003 is within noise of lr 0.01 (0.012 nats)"."""
+    parts = [f"{what + ': ' if what else ''}lr {lr:g} within noise of lr {other:g} ({gap:+.3g} nats on the "
+             f"choosing seeds)" for what, lr, other, gap in near]
+    return (f"compared at {side}'s chosen rate, not its best: " + "; ".join(parts)) if parts else ""
