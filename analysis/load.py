@@ -20,12 +20,12 @@ from typing import Any, BinaryIO, Collection, Iterator
 
 import pandas as pd
 
-# Re-exported for the rest of analysis (DONE, FINISHED, SETTING_KEYS, SUMMARY).
-from ablate.core.rundir import (CONFIG, DONE, FINISHED, GRID_JSON, METRICS, RUNNING, SETTING_KEYS, SUMMARY,  # noqa: F401
-                           identity_keys, summary_status)
 from ablate.analysis.cpu_forms import FORM_KEYS
 from ablate.core.bounded_read import (LINE_BYTES, LISTING_BYTES, STATE_BYTES, UnreadableFile, parse_json, read_json,
-                                 sized_lines)
+                                      sized_lines)
+# Re-exported for the rest of analysis (DONE, FINISHED, SETTING_KEYS, SUMMARY).
+from ablate.core.rundir import (CONFIG, DONE, FINISHED, GRID_JSON, METRICS, RUNNING, SETTING_KEYS, SUMMARY,  # noqa: F401
+                                identity_keys, summary_status)
 from ablate.core.variant_axes import AXES, VALUE_BEFORE_IT_EXISTED
 
 # The axes of a block variant (ablate/core/variant_axes.py; docs/variants.md); config.json's `variant` holds one value for each.

@@ -36,10 +36,10 @@ from scipy import stats as scipy_stats  # noqa: E402
 from ablate.analysis.labels import label_of, short_labels  # noqa: E402
 from ablate.analysis.load import SETTING_KEYS, VARIANT_AXES, layer_columns  # noqa: E402
 from ablate.analysis.metrics import PHASES  # noqa: E402
-from ablate.core.safe_files import replace_atomic  # noqa: E402
 from ablate.analysis.stats import MEAN_INTERVAL_RULE  # noqa: E402
 from ablate.core.probe_registry import layer_heatmaps  # noqa: E402
 from ablate.core.rundir import COMPLETED, DIVERGED, RUNNING
+from ablate.core.safe_files import replace_atomic  # noqa: E402
 
 PANEL_SIZE = (4.6, 3.2)  # inches per facet panel
 DIVERGED_COLOUR = "#d62728"

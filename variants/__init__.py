@@ -8,10 +8,10 @@ reads (`options=(ComponentOption(...),)`, see optimizers.py); the axes themselve
 ablate/core/variant_axes.py.
 """
 from ablate.variants import activations, mlps, norms, placements  # noqa: F401  (they register)
-from ablate.variants.tables import (ACTIVATIONS, INITS, MLPS, NORMS, OPTIMIZERS, PLACEMENTS, PRESETS, SCHEDULES,
-                                      Registry, VariantError)
-from ablate.variants.spec import AXES, DEFAULTS, VariantSpec, all_variants, make_variant, parse_variant, variant_from_axes
 from ablate.variants import inits, optimizers, presets, schedules  # noqa: F401,E402  (they register)
+from ablate.variants.spec import AXES, DEFAULTS, VariantSpec, all_variants, make_variant, parse_variant, variant_from_axes
+from ablate.variants.tables import (ACTIVATIONS, INITS, MLPS, NORMS, OPTIMIZERS, PLACEMENTS, PRESETS, SCHEDULES,
+                                    Registry, VariantError)
 
 __all__ = [
     "ACTIVATIONS", "AXES", "DEFAULTS", "INITS", "MLPS", "NORMS", "OPTIMIZERS", "PLACEMENTS", "PRESETS", "SCHEDULES",

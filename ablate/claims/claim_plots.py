@@ -29,12 +29,12 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from ablate.claims.claim_measures import GRAD_FLOOR  # noqa: E402  (a 0 gradient is drawn there)
 from ablate.analysis.labels import label_of, short_labels  # noqa: E402
 from ablate.analysis.load import DONE, layer_columns  # noqa: E402
 from ablate.analysis.plot_jobs import run_plot_jobs  # noqa: E402
 from ablate.analysis.plots import (DIVERGED_COLOUR, ENTROPY_COLOUR, FAST_DRAWING, Layout, Plot, finish_panels,  # noqa: E402
                                    styled, log_x, log_y, panel_figure, panel_title, save_figure)
+from ablate.claims.claim_measures import GRAD_FLOOR  # noqa: E402  (a 0 gradient is drawn there)
 from ablate.claims.selection import select  # noqa: E402
 from ablate.core.registry import Registry  # noqa: E402
 

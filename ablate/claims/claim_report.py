@@ -7,20 +7,20 @@ import math
 import os
 from pathlib import Path
 
+from ablate.analysis.analyse import analyse
+from ablate.analysis.load import load_runs
+from ablate.analysis.metrics import cell_metrics
+from ablate.analysis.outcomes import SCORING_RULE
+from ablate.analysis.stats import ONE_SIDED_ALPHA
 from ablate.claims.claim_checks import CLAUSE_LETTERS as LETTERS  # a claim has at most these clauses
 from ablate.claims.claim_file import Claim
-from ablate.claims.decide import ESTIMANDS, SPREAD_UPPER_LEVEL, z_of
-from ablate.analysis.outcomes import SCORING_RULE
-from ablate.claims.rate_choice import CHOSEN_NOT_BEST, near_text
-from ablate.core.safe_files import write_text_atomic
-from ablate.analysis.stats import ONE_SIDED_ALPHA
-from ablate.claims.verdict import (CANNOT_TELL, CORRECTION, DISAGREES, ClauseResult, Result, Verdict, conjunction,
-                                     evaluate, headline_status, outcome_counts)
-from ablate.analysis.load import load_runs
 from ablate.claims.claim_measures import Context
+from ablate.claims.decide import ESTIMANDS, SPREAD_UPPER_LEVEL, z_of
+from ablate.claims.rate_choice import CHOSEN_NOT_BEST, near_text
 from ablate.claims.spending import LOOKS, fixed_after_decide
-from ablate.analysis.analyse import analyse
-from ablate.analysis.metrics import cell_metrics
+from ablate.claims.verdict import (CANNOT_TELL, CORRECTION, DISAGREES, ClauseResult, Result, Verdict, conjunction,
+                                   evaluate, headline_status, outcome_counts)
+from ablate.core.safe_files import write_text_atomic
 
 VERDICT_JSON = "verdict.json"
 

@@ -16,12 +16,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from ablate.claims.claim_report import sentence  # noqa: E402
 from ablate.analysis.outcomes import SCORING_RULE  # noqa: E402
 from ablate.analysis.plots import save_figure  # noqa: E402
-from ablate.core.safe_files import replace_atomic  # noqa: E402
+from ablate.claims.claim_report import sentence  # noqa: E402
 from ablate.claims.sequential import ClauseDecision, Decision
 from ablate.claims.spending import LOOKS  # noqa: E402
+from ablate.core.safe_files import replace_atomic  # noqa: E402
 
 AGREE_COLOUR, FUTILE_COLOUR, BOUNDARY_COLOUR = "#1b7837", "#b2182b", "#444444"
 

@@ -21,12 +21,12 @@ import struct
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-# The safe writes live with analysis, which writes reports and exports the same way; the engine
-# imports them from here.
-from ablate.core.safe_files import create_temporary, replace_atomic  # noqa: F401  (part of this module's API)
 from ablate.core import bounded_read
 from ablate.core.bounded_read import LISTING_BYTES, STATE_BYTES, open_regular  # noqa: F401  (part of this module's API)
 from ablate.core.errors import ConfigError
+# The safe writes (safe_files.py, which reports and exports use too), re-exported: the engine
+# imports them from here.
+from ablate.core.safe_files import create_temporary, replace_atomic  # noqa: F401  (part of this module's API)
 
 # ------------------------------------------------------------------------------ file names
 

@@ -16,15 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ablate.engine.config import TrainConfig, group_id, resolve, seeded_id, with_seed
 from ablate.core.errors import ConfigError
 # finished_status and failed_summary are the run folder's (ablate.core.rundir); the backends and
 # commands that run cells import them from here too.
 from ablate.core.rundir import (ATTEMPTS, CELL_BUSY, CELL_SKIPPED, CELL_TRAINED, CONFIG, DONE, FAILED, SUMMARY,  # noqa: F401
-                           CellLock, failed_summary, file_version,
-                           finished_status, read_summary, remove_stale_temporaries, replace_atomic, write_json_atomic)
-from ablate.engine import plugins
-from ablate.engine import plugins as loaded
+                                CellLock, failed_summary, file_version,
+                                finished_status, read_summary, remove_stale_temporaries, replace_atomic, write_json_atomic)
+from ablate.engine import plugins as loaded  # as `loaded`: `plugins` names a Cell field
+from ablate.engine.config import TrainConfig, group_id, resolve, seeded_id, with_seed
 
 # A cell id names a folder: one path component, at most NAME_MAX bytes on Linux file systems.
 NAME_MAX = 255
@@ -134,7 +133,7 @@ def run_cell(cell: Cell, out_root: str | Path, retries: int = 0, quiet: bool = T
     refused (ConfigError), finished or not. `execution`: how to run it (a scheduler's threads)."""
     from ablate.engine.train import plan_run, train  # heavy imports (torch) only when needed
 
-    plugins.load(cell.plugins)  # a worker, Ray task or SLURM job: before anything names their values
+    loaded.load(cell.plugins)  # a worker, Ray task or SLURM job: before anything names their values
     run_dir = Path(out_root) / cell.id
     if finished_status(run_dir) in DONE:
         return _finished(cell, run_dir)

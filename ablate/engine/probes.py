@@ -16,15 +16,15 @@ tensors) and returns its values as one tensor; `measured` joins them with one `t
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 import torch.nn.functional as F
 
-from types import SimpleNamespace
-
-from ablate.engine.model import GPT
 from ablate.core import probe_registry as pr  # the declared probes: pr.COS_SIM, ...
 from ablate.core.probe_registry import FUNCTIONS, KINDS, Probe, check_attached, probe, probes
 from ablate.core.rundir import finite_or_none
+from ablate.engine.model import GPT
 
 # Sequences of the batch the stability probes look at: enough positions for a stable mean, few
 # enough that their cost stays a small fraction of the batch's (and their T x T scores small).

@@ -10,12 +10,13 @@ import matplotlib
 import matplotlib.ticker
 
 matplotlib.use("Agg")
+import textwrap
+
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ablate.analysis.plots import log_x, save_figure  # noqa: E402
 from ablate.core.safe_files import output_folder  # noqa: E402
-import textwrap
 
 
 def _columns(n: int) -> int:
