@@ -1,5 +1,5 @@
 """The layers of the house, lowest first. A module may import its own layer and those below it,
-never one above: tests/test_layers.py parses every import (those inside functions too) and
+never one above: tests/ablate/test_layers.py parses every import (those inside functions too) and
 holds the code to this table, and docs/architecture.md draws it (`python -m ablate.layers`).
 
 Data flows the same way: a grid file becomes cells (grid), each trained by the engine into a

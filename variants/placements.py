@@ -18,7 +18,7 @@ class Placement(nn.Module):
     final_norm: bool = True
     needs_norms: bool = True
     requires_residual: bool = False
-    default_init: str = "gpt2"  # the init (ablate/variants/inits.py) used when none is named
+    default_init: str = "gpt2"  # the init (variants/inits.py) used when none is named
 
     def __init__(self, d_model: int, n_layer: int, make_norm: Callable[[], nn.Module], residual: bool):
         super().__init__()

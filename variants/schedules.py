@@ -7,7 +7,7 @@ engine's (ablate/engine/lr.py), the same for every schedule.
     wsd       warmup-stable-decay (Hu et al. 2024, MiniCPM): 1 until the last `decay_fraction`
               of the steps, then linear to min_lr_ratio at the last step
 
-A schedule declares the options it reads (`options=`, as optimizers do: ablate/variants/optimizers.py).
+A schedule declares the options it reads (`options=`, as optimizers do: variants/optimizers.py).
 """
 from __future__ import annotations
 

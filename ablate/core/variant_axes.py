@@ -1,7 +1,7 @@
 """The axes of a block variant, each declared once: its name, default, help, valid values and
 how it shows in a variant id. Everything else derives from this tuple: the VariantSpec's
-fields and the defaults (ablate/variants/spec.py), the registries of values
-(ablate/variants/tables.py), the per-axis options (ablate/engine/config.py) and the columns analysis
+fields and the defaults (variants/spec.py), the registries of values
+(variants/tables.py), the per-axis options (ablate/engine/config.py) and the columns analysis
 reads from config.json (analysis/load.py).
 
 Standard library only: analysis reads it without importing torch.

@@ -1,5 +1,5 @@
 """The learning rate at a step: linear warmup, then the configured schedule
-(ablate/variants/schedules.py) over the remaining steps."""
+(variants/schedules.py) over the remaining steps."""
 from __future__ import annotations
 
 from ablate.variants import SCHEDULES

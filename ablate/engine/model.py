@@ -3,7 +3,7 @@
 Read top to bottom: attention, the block (the variant's choices are made in
 `Block.__init__`), the model. Norms, activations, gated products and attention run through
 `ops`, the kernel backend, so kernels never touch this file. The initialisation is a registered
-scheme (ablate/variants/inits.py), applied once at the end of `GPT.__init__`.
+scheme (variants/inits.py), applied once at the end of `GPT.__init__`.
 """
 from __future__ import annotations
 
