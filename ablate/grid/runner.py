@@ -23,7 +23,8 @@ from ablate.core.errors import ConfigError
 from ablate.core.rundir import FAILED, FINISHED, PENDING, RUNNING, SUMMARY, check_out_path, read_json
 from ablate.core.timefmt import fmt_time
 from ablate.engine.cell import CellResources
-from ablate.engine.pack import STACK_AUTO, STACK_DEFAULT, dispatch, parse_stack
+from ablate.engine.pack import STACK_AUTO, STACK_DEFAULT, parse_stack
+from ablate.engine.pack_run import dispatch
 from ablate.grid import state as grid_state
 from ablate.grid.progress import Progress
 from ablate.grid.spec import DEFAULT_SCALE, Grid, load_grid

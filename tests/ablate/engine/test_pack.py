@@ -10,7 +10,8 @@ import pytest
 
 from ablate.core.errors import ConfigError
 from ablate.engine.cell import Cell
-from ablate.engine.pack import STACK_AUTO, STACK_DEFAULT, dispatch, group_packs, pack_key, parse_stack
+from ablate.engine.pack import STACK_AUTO, STACK_DEFAULT, group_packs, pack_key, parse_stack
+from ablate.engine.pack_run import dispatch
 from ablate.grid.runner import GridRunOptions
 from tests.helpers.cluster_helpers import wait_until
 

@@ -11,7 +11,7 @@ import torch
 import ablate.engine.pack_train as PT
 import ablate.engine.train as T
 from ablate.engine.cell import Cell, run_cell
-from ablate.engine.pack import run_pack
+from ablate.engine.pack_run import run_pack
 from ablate.engine.pack_optim import PackRefused
 from ablate.engine.train import plan_run
 from ablate.variants import ACTIVATIONS, INITS
