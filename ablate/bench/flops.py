@@ -8,8 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from ablate.bench.plain_gpt import PlainGPT
-from ablate.bench.steps import BATCH
-from ablate.bench.timing import header, row, time_calls
+from ablate.bench.timing import time_calls
 from ablate.engine.sizes import ModelSize
 
 FLOPS_FORMULA = ("model FLOPs per token = 6 x N + 6 x n_layer x seq_len x d_model (forward + backward; "
@@ -81,31 +80,3 @@ def measure_peak(size: ModelSize, tokens: int) -> Peak:
         if (m.m, m.k, m.n) not in shapes:
             shapes[m.m, m.k, m.n] = sgemm_flops(m.m, m.k, m.n)
     return Peak([(m, shapes[m.m, m.k, m.n]) for m in step_matmuls(size, tokens)], sgemm_flops(SQUARE, SQUARE, SQUARE))
-
-
-def report(sizes: dict[str, ModelSize], before: dict[str, Peak], speeds: dict[str, tuple[float, float]],
-           threads: int):
-    """Lines: each size's plain (tanh) and harness tokens/s (`speeds`) as FLOP/s against the peak,
-    measured again and the better of it and `before` kept; under each, its shapes' figures and
-    where a profiled harness step's time goes."""
-    from ablate.bench.harness import step_breakdown  # lazy: harness imports this module
-
-    yield f"\nagainst the hardware: {FLOPS_FORMULA}"
-    yield (f"peak: float32 matmul (torch.mm) at {threads} thread{'s' if threads != 1 else ''}, at every matmul shape "
-           "of a training step (each linear's forward, input- and weight-gradient product; 'step mix' = their "
-           f"FLOPs over their summed times) and at {SQUARE}^3, before and after the step comparison, the better kept\n")
-    yield header("model", "blocks", "FLOPs/token", "step-mix peak GFLOP/s", "square peak GFLOP/s", "plain tanh GFLOP/s",
-                 "harness on GFLOP/s", "harness / step mix", "harness / square", "plain tanh / step mix")
-    for model, size in sizes.items():
-        peak = measure_peak(size, BATCH * size.context).best_of(before[model])
-        per_token = flops_per_token(size)
-        plain, harness = (per_token * tok_s for tok_s in speeds[model])
-        yield row(model, size.n_layer, f"{per_token:,}", f"{peak.step_mix / 1e9:.1f}", f"{peak.square / 1e9:.1f}",
-                  f"{plain / 1e9:.1f}", f"{harness / 1e9:.1f}", f"{harness / peak.step_mix:.0%}",
-                  f"{harness / peak.square:.0%}", f"{plain / peak.step_mix:.0%}")
-        by_layer: dict[str, list[str]] = {}
-        for m, f in peak.matmuls:
-            layer, kind = m.name.rsplit(" ", 1)
-            by_layer.setdefault(layer, []).append(f"{kind} {m.m}x{m.k}x{m.n} {f / 1e9:.1f}")
-        yield "  matmul GFLOP/s: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in by_layer.items())
-        yield "  " + step_breakdown(size, peak, threads)

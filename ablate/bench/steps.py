@@ -11,16 +11,13 @@ seconds over its own. The columns are explained in docs/performance.md.
 from __future__ import annotations
 
 import json
-import statistics
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from ablate.bench.plain_gpt import GRAD_CLIP, PlainLoop
-from ablate.bench.timing import header, row, spread
 from ablate.core.rundir import METRICS
 from ablate.engine.cell import Cell
-from ablate.engine.config import OPTIONS
 from ablate.engine.data import load_data
 from ablate.engine.sizes import get_size
 from ablate.engine.train import train
@@ -107,36 +104,3 @@ def compare_steps(model: str, layers: int | None, steps: int, repeats: int, thre
             options = harness_options(model, layers, steps, RUNS[kind][1], threads, **RUNS[kind][0], **extra)
             runs[kind].append(lockstep_run(options, partners()))
     return runs
-
-
-def report(models: list[str], layers: int | None, steps: int, repeats: int, threads: int,
-           probe_every: int | None = None):
-    """The step table, then the FLOP/s table against the peak measured before and after it (the
-    better of the two per shape: one measurement can land in a slow moment): lines as measured."""
-    from ablate.bench import flops  # lazy: flops imports this module
-
-    default = OPTIONS["probe_every"].default
-    yield WHAT_IS_TIMED.format(probe_every=probe_every or default, default=default, steps=steps, batch=BATCH,
-                               skip=SKIP, repeats=repeats) + "\n"
-    yield header("model", "blocks", "plain tanh tok/s", "harness on tok/s", "on / plain, same GELU (tanh)",
-                 "same, period", "gelu_erf on / plain erf", "gelu_erf off / plain erf",
-                 "default block / nanoGPT as is (erf)", "probes off tok/s", "probe overhead")
-    sizes = {model: get_size(model).with_layers(layers) for model in models}
-    peaks = {model: flops.measure_peak(size, BATCH * size.context) for model, size in sizes.items()}
-    speeds = {}
-    for model, size in sizes.items():
-        runs = compare_steps(model, layers, steps, repeats, threads, probe_every)
-
-        def tok_s(kind: str, partner: str | None = None) -> float:
-            return statistics.median(BATCH * size.context * len(s) / sum(s)
-                                     for s in (r.partners[partner] if partner else r.logged_s for r in runs[kind]))
-
-        def ratios(kind: str, gelu: str, of: str = "logged_s") -> str:
-            return spread([r.ratio(gelu, of) for r in runs[kind]], ".3f", "x")
-
-        overhead = [off.ratio("tanh") / on.ratio("tanh") - 1 for on, off in zip(runs["on"], runs["off"])]
-        speeds[model] = tok_s("on", "tanh"), tok_s("on")
-        yield row(model, size.n_layer, f"{speeds[model][0]:,.0f}", f"{speeds[model][1]:,.0f}", ratios("on", "tanh"),
-                  ratios("on", "tanh", "period_s"), ratios("same_math", "none"), ratios("same_math_off", "none"),
-                  ratios("on", "none"), f"{tok_s('off'):,.0f}", spread(overhead, "+.1%"))
-    yield from flops.report(sizes, peaks, speeds, threads)

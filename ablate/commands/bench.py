@@ -116,7 +116,7 @@ def run(args) -> int:
 def _runners(args, models: list[str], shape: tuple[int, ...] | None, n: int) -> dict:
     """Each part: () -> its text, its lines as measured, or (where it prints its own) its exit status."""
     # lazy: keeps torch off `ablate bench --help`
-    from ablate.bench import cpu_kernels, grid_scaling, harness, probe_cost, steps, subnormals
+    from ablate.bench import cpu_kernels, grid_scaling, harness, probe_cost, step_report, steps, subnormals
 
     def mlp() -> int:
         text, same = cpu_kernels.mlp(models[0], args.layers or 12, args.steps, args.repeats)
@@ -124,7 +124,7 @@ def _runners(args, models: list[str], shape: tuple[int, ...] | None, n: int) -> 
         return 0 if same else 1
 
     return {
-        "steps": lambda: steps.report(models, args.layers, args.steps, args.repeats, n, args.probe_every),
+        "steps": lambda: step_report.report(models, args.layers, args.steps, args.repeats, n, args.probe_every),
         "probes": lambda: probe_cost.report(models, args.layers, args.steps, args.repeats, n, args.probe_every),
         "grid": lambda: grid_scaling.grid_scaling(args.workers, steps=args.grid_steps,
                                                   repeats=min(args.repeats, 2)).describe(),
