@@ -77,6 +77,19 @@ def test_a_ladder_with_an_unfinished_rate_is_missing_not_guessed(tmp_path):
     assert not r.keys and "did not finish" in next(iter(r.missing["a"].values()))
 
 
+def test_a_seed_whose_ladder_a_killed_look_left_short_is_missing_and_the_others_are_read(tmp_path):
+    # `--decide` killed as look 2 began: seed 2 has the first rate's folder only. The comparison
+    # (not only that seed) once said "needs a ladder of at least 3 rates" and read no seed at all.
+    for seed in (0, 1):
+        ladder(tmp_path, PRE, seed, 1e-2)
+        ladder(tmp_path, POST, seed, 2e-3)
+    write_run(tmp_path, PRE, 2, losses=TRAINS, options={"lr": LADDER[0], "warmup": 0}, unigram_entropy=ENTROPY)
+    verdict = evaluate(claim("largest_stable_lr", {"norm": "pre"}, {"norm": "post"}, {}), tmp_path)
+    r = verdict.results[0]
+    assert [k[0] for k in r.keys] == [0, 1] and r.a == pytest.approx((math.log10(1e-2),) * 2)
+    assert list(r.missing["a"]) == [(2,)] and "the seed has 1" in r.missing["a"][(2,)]
+
+
 def test_dead_counts_collapsed_runs_and_not_slow_ones(tmp_path):
     # Post-norm's plateaued runs have a first block 12 decades under the top; pre-norm's are alive.
     for seed in range(6):
