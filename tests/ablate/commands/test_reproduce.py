@@ -2,6 +2,7 @@
 `--decide [--budget]` (looks of more seeds until each clause is decided, ablate/claims/looks.py),
 and the grid's execution flags (--backend, --workers, the cluster options)."""
 import json
+import math
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from ablate.claims.claim_measures import stable_edge
 from ablate.claims.design import seed_sequence
 from ablate.claims.options import parse_budget
 from ablate.claims.options import UNDECIDED
@@ -19,6 +21,7 @@ from ablate.core.errors import ConfigError
 from tests.helpers.cluster_helpers import engine_missing, one_ray_at_a_time, wait_until
 from tests.helpers.decide_double import DECIDED_AT, decide_double, report_double
 from tests.helpers.repo import REPO
+from tests.helpers.synthetic_reproduce import edge
 
 
 # A miniature claim: three activations, the clause reads two of them (silu is read by no clause,
@@ -274,11 +277,12 @@ def test_a_record_of_another_design_is_set_aside_not_trusted(tmp_path):
 # ------------------------------------------- the real decision, end to end; kill -9 and rerun
 
 
-def _decide_process(claim: Path, cells: Path, *flags) -> subprocess.Popen:
+def _decide_process(claim: Path, cells: Path, *flags, script: str = "reproduce_process.py") -> subprocess.Popen:
     # `ablate reproduce --decide` (analysis.sequential deciding); --workers 0 unless flags say
-    # otherwise: a kill lands on the process that trains, decides and writes alike.
+    # otherwise: a kill lands on the process that trains, decides and writes alike. `script`: the
+    # tests/helpers/ program that runs it (synthetic_reproduce.py: synthetic cells).
     flags = flags or ("--workers", "0")
-    return subprocess.Popen([sys.executable, str(REPO / "tests" / "helpers" / "reproduce_process.py"), "reproduce", str(claim), "--decide",
+    return subprocess.Popen([sys.executable, str(REPO / "tests" / "helpers" / script), "reproduce", str(claim), "--decide",
                              "--out", str(cells), "--quiet", *flags],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
@@ -315,6 +319,99 @@ def test_decide_adds_looks_stops_and_killed_9_mid_look_reruns_to_the_same_verdic
     whole_verdict = tmp_path / "whole" / "decide" / "verdict.json"
     assert (cells / "decide" / "verdict.json").read_bytes() == whole_verdict.read_bytes()
     assert cell_ids(cells) == cell_ids(tmp_path / "whole")
+
+
+# A miniature stability claim (issue 52): pre- vs post-norm's largest stable rate over a ladder of
+# three rates, its cells trained by tests/helpers/synthetic_reproduce.py (each seed's edge of
+# stability known to it, a fifth of a second a cell) under a plan of two looks, 3 and 6 seeds:
+# 36 cells in all (the default plan's third look, 12 seeds, would double the test's time).
+LADDER = (1e-3, 3e-3, 1e-2)
+STABLE_GRID = f"""
+name = "mini-stable"
+[base]
+model = "tiny"
+layers = 1
+steps = 8
+eval_every = 4
+warmup = 0
+batch_size = 2
+probes = false
+threads = 1
+device = "cpu"
+[axes]
+norm = ["pre", "post"]
+lr = {list(LADDER)}
+seed = [0, 1, 2]
+"""
+STABLE_CLAIM = """
+name = "mini-stable"
+statement = "Pre-norm trains at higher learning rates than post-norm."
+source = "a test"
+grid = "{grid}"
+[[clause]]
+label = "pre-norm's largest stable rate above post-norm's"
+sentence = "Pre-norm trains at higher learning rates than post-norm."
+[[clause.compare]]
+measure = "largest_stable_lr"
+a = {{ norm = "pre" }}
+b = {{ norm = "post" }}
+expect = "higher"
+effect = 0.3
+"""
+STABLE_FLAGS = ("--looks", "3,6", "--workers", "0")
+
+
+def stable_claim(tmp_path) -> Path:
+    grid, claim = tmp_path / "stable.toml", tmp_path / "stable-claim.toml"
+    grid.write_text(STABLE_GRID)
+    claim.write_text(STABLE_CLAIM.format(grid=grid))
+    return claim
+
+
+def _largest_stable_lr(norm: str, seed: int) -> float:
+    # what the measure must read from the synthetic cells: the ladder's rung under the seed's edge
+    return stable_edge(LADDER, [math.log10(lr) < edge(norm, seed) for lr in LADDER])[0]
+
+
+@pytest.mark.slow
+def test_decide_on_the_largest_stable_rate_killed_9_mid_look_reruns_to_the_same_verdict(tmp_path):
+    claim = stable_claim(tmp_path)
+    # The uninterrupted run goes on beside the one killed and rerun (their cells' sleeps overlap);
+    # its output, a few KB, waits in its pipe.
+    whole = _decide_process(claim, tmp_path / "whole", *STABLE_FLAGS, script="synthetic_reproduce.py")
+    try:
+        _kill_mid_look_and_rerun(claim, tmp_path / "cells")
+        text = whole.communicate(timeout=300)[0]
+    finally:
+        if whole.poll() is None:  # a failed check above: no process of this test outlives it
+            os.killpg(whole.pid, signal.SIGKILL)
+            whole.wait()
+    assert whole.returncode == 0, text
+    whole_verdict = tmp_path / "whole" / "decide" / "verdict.json"
+    (clause,) = json.loads(whole_verdict.read_text())["clauses"]
+    assert [look["seeds"] for look in clause["looks"]] == [3, 6]  # the second look was run and read
+    (comparison,) = clause["comparisons"]
+    values = dict(zip(comparison["seeds"], comparison["per_seed"]))
+    expected = {s: _largest_stable_lr("pre", s) - _largest_stable_lr("post", s) for s in range(6)}
+    assert values == pytest.approx(expected) and len(set(expected.values())) > 1  # read per seed, and it varies
+    assert clause["status"] == "agrees"  # six seeds of six the claimed way
+    cells = tmp_path / "cells"
+    assert (cells / "decide" / "verdict.json").read_bytes() == whole_verdict.read_bytes()
+    assert cell_ids(cells) == cell_ids(tmp_path / "whole")
+
+
+def _kill_mid_look_and_rerun(claim: Path, cells: Path) -> None:
+    proc = _decide_process(claim, cells, *STABLE_FLAGS, script="synthetic_reproduce.py")
+    second = cells / "pre.layernorm.gelu.dense.res__lr=0.001__seed=3" / "config.json"  # the second look has begun
+    wait_until(lambda: second.exists() or proc.poll() is not None, 120, "the second look to begin", poll=0.02)
+    assert proc.poll() is None, proc.communicate()[0]
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (cells / "decide" / "verdict.json").exists()
+    assert len(json.loads((cells / "decide" / "decide.json").read_text())["looks"]) == 2  # look 2 was started
+    rerun = _decide_process(claim, cells, *STABLE_FLAGS, script="synthetic_reproduce.py")
+    text = rerun.communicate(timeout=300)[0]
+    assert rerun.returncode == 0, text
 
 
 # ------------------------------------------------------------------- on cluster backends
