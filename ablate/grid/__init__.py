@@ -1,2 +1,2 @@
-"""Grids: the grid file format and its cells (spec), running every cell once (runner), and a
-grid folder's state read from its run directories (state)."""
+"""Grids: the grid file format and its cells (spec), running every cell once (runner), a grid
+folder's state read from its run directories (state) and as `ablate status` shows it (status)."""
