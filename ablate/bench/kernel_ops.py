@@ -25,7 +25,9 @@ from dataclasses import dataclass
 import torch
 
 from ablate.bench.timing import graph_seconds, host_seconds, steady_seconds, time_calls
+from ablate.core.errors import ConfigError
 from ablate.kernels import parity
+from ablate.kernels.check import interpret_triton_on_cpu
 from ablate.kernels.reference import ReferenceBackend
 
 # Fractions of copy bandwidth, forward + backward, a backend must reach.
@@ -181,6 +183,39 @@ def run_bench(cases: list[BenchCase], backends: dict, device, use_compile: bool 
             case_results.append(measure(case, name, fwd, train, device, repeats))
         del leaves, grads
         progress(case_results)
+
+
+def bench(device: str | None = None, names: list[str] | None = None, rows: int | None = None,
+          ops: list[str] | None = None, repeats: int = 20, use_compile: bool = True) -> int:
+    """Print the table of every op of `ops` (None: all) timed per implementation on `device`
+    (None: cuda when present, else cpu): eager, torch.compile, and the kernel backends `names`
+    (None: the GPU ones on a GPU, none on a CPU, where they would only run interpreted, which
+    measures Python)."""
+    device = device or parity.default_device()
+    on_gpu = device.startswith("cuda")
+    if names is None:
+        names = list(parity.GPU_BACKENDS) if on_gpu else []
+    if names and not on_gpu:
+        interpret_triton_on_cpu(device)
+    loaded = parity.load_backends(names, device) if names else {}
+    for n, b in loaded.items():
+        if isinstance(b, str):
+            print(f"{n}: unavailable ({b})")
+    rows = rows if rows is not None else (16384 if on_gpu else 256)
+    cases = default_cases(rows)
+    if ops is not None:
+        known = sorted({c.op for c in cases})
+        bad = [o for o in ops if o not in known]
+        if bad:
+            raise ConfigError(f"unknown op {bad[0]!r}; valid: {', '.join(known)}")
+        cases = [c for c in cases if c.op in ops]
+    copy_bw = copy_bandwidth(device, timer(device, repeats))
+    gpu = torch.cuda.get_device_name(torch.device(device)) if on_gpu else "CPU"
+    print(f"ablate kernels bench on {device} ({gpu}), rows {rows}, median of {repeats}", flush=True)
+    print(format_header(copy_bw), flush=True)
+    run_bench(cases, loaded, device, use_compile=use_compile, repeats=repeats,
+              progress=lambda rs: print(format_case(rs, copy_bw), flush=True))
+    return 0
 
 
 def quick_time(backend, device, rows: int = 4096, repeats: int = 10) -> float:

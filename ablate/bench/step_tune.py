@@ -16,6 +16,16 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+import torch
+
+from ablate.core.errors import ConfigError
+from ablate.engine.cell import Cell
+from ablate.engine.model import build_model
+from ablate.engine.train import make_optimizer, plan_run
+from ablate.kernels import parity, step_cache
+from ablate.kernels.reference import ReferenceBackend
+from ablate.kernels.select import failed_parity
+
 WARMUP = 3  # steps before the first timed round: allocator, autotuning, compile
 
 
@@ -24,11 +34,6 @@ class Stepper:
     returns their seconds, synchronised with the device."""
 
     def __init__(self, plan, ops):
-        import torch  # lazy: keeps torch off `ablate bench --help`
-
-        from ablate.engine.model import build_model  # lazy: keeps torch off `ablate bench --help`
-        from ablate.engine.train import make_optimizer
-
         cfg = plan.cfg
         torch.manual_seed(cfg.seed)
         self.plan, self.model = plan, build_model(cfg.spec, plan.size, ops, plan.device, init=cfg.init_name)
@@ -37,14 +42,10 @@ class Stepper:
         self.x, self.y = plan.data.batch("train", 0, cfg.seed, cfg.batch_size, cfg.context, plan.device)
 
     def _sync(self) -> None:
-        import torch  # lazy: keeps torch off `ablate bench --help`
-
         if self.plan.device.type == "cuda":
             torch.cuda.synchronize(self.plan.device)
 
     def run(self, steps: int) -> float:
-        import torch  # lazy: keeps torch off `ablate bench --help`
-
         plan = self.plan
         self._sync()
         t0 = time.perf_counter()
@@ -77,10 +78,6 @@ def time_steps(plan, backends: dict[str, object], steps: int, repeats: int,
 def candidates(names, device: str, say: Callable[[str], None]) -> dict[str, object]:
     """reference, and every backend of `names` that loads and passes the quick parity suite on
     the device (each one left out is said, with why)."""
-    from ablate.kernels import parity  # lazy: keeps torch off `ablate bench --help`
-    from ablate.kernels.reference import ReferenceBackend
-    from ablate.kernels.select import failed_parity
-
     out: dict[str, object] = {"reference": ReferenceBackend()}
     for name, backend in parity.load_backends(tuple(n for n in names if n != "reference"), device).items():
         details: dict = {"parity": {}, "skipped": {}}
@@ -97,11 +94,30 @@ def tune(plan, names, steps: int, repeats: int, measure=time_steps, key=None,
          say: Callable[[str], None] = print) -> dict:
     """Time `plan`'s step with each backend of `names` (and reference) and record it; returns
     {"seconds", "choice", "path"}. `key`: the device key (step_cache.device_key by default)."""
-    from ablate.kernels import step_cache  # lazy: keeps torch off `ablate bench --help`
-
     device = str(plan.device)
     backends = candidates(names, device, say)
     seconds = measure(plan, backends, steps, repeats, progress=say)
     shape = step_cache.step_shape(plan.cfg, plan.size, plan.amp)
     where = step_cache.record(key if key is not None else step_cache.device_key(device), shape, seconds, steps)
     return {"seconds": seconds, "choice": step_cache.fastest(seconds), "path": where}
+
+
+def tune_cell(options: dict, names, steps: int, repeats: int) -> int:
+    """Plan the cell of `options` as `ablate train` would (on reference), refuse anything but a
+    CUDA device, then time and record (tune) and print each backend's step against reference."""
+    plan = plan_run(Cell.from_options({**options, "kernels": "reference"}))
+    if plan.device.type != "cuda":
+        raise ConfigError(f"ablate kernels tune times steps on a CUDA device, not on {plan.device} (on a CPU `auto` "
+                          "takes `cpu` once it passes its parity check); valid: --device cuda or cuda:N on a machine "
+                          "with a GPU")
+    print(f"ablate kernels tune on {plan.device}: {plan.cfg.size.name} x {plan.cfg.batch_size} x {plan.cfg.context}, "
+          f"{repeats} interleaved rounds of {steps} steps per backend", flush=True)
+    result = tune(plan, names, steps, repeats, say=lambda line: print(f"  {line}", flush=True))
+    ref = min(result["seconds"]["reference"])
+    for name, times in result["seconds"].items():
+        best, worst = min(times), max(times)
+        print(f"{name:<10} {best * 1e3:9.2f} ms a step (fastest round; slowest {worst * 1e3:.2f}), "
+              f"{ref / best:.2f}x reference")
+    print(f"--kernels auto on this device, driver and libraries, for this step: {result['choice']} "
+          f"(recorded in {result['path']})")
+    return 0
