@@ -1,25 +1,19 @@
 """`ablate bench`: every measurement of the harness itself, as tables to paste: its cost
 against a plain nanoGPT-style loop and the machine's matmul peak, and the kernels against
-torch's ops (ablate/bench/; docs/performance.md)."""
+torch's ops. The arguments are checked here; the parts run in ablate/bench/parts.py
+(docs/performance.md)."""
 from __future__ import annotations
 
-import argparse
 import math
-import os
 import re
 
-from ablate.bench.timing import threads
-from ablate.commands import kernels
-from ablate.core.cores import cpu_count
+from ablate.bench.parts import OPT_IN, PARTS, Settings, run_parts
 from ablate.core.counts import shown
 from ablate.core.errors import ConfigError
 from ablate.engine.sizes import get_size
 
-PARTS = ("steps", "probes", "grid", "startup", "memory", "gpu", "subnormals", "profile",
-         "cpu-gelu", "cpu-attention", "cpu-mlp", "kernels")
-OPT_IN = ("subnormals", "probes", "kernels", "cpu-gelu", "cpu-attention", "cpu-mlp")  # only when asked for
 # Each whole-number option's ceiling (its floor is 1; --steps' is SKIP + 3), far past any measurement:
-# a larger value is a typo, refused before anything is built.
+# a larger value is a typo, refused before anything is built. One per field of the parts' Settings.
 CEILINGS = {"steps": 100_000, "repeats": 1_000, "layers": 256, "threads": 1_024, "probe_every": 100_000,
             "grid_steps": 100_000, "workers": 1_024, "subnormal_steps": 100_000}
 MAX_SHAPE_ELEMENTS = 1 << 28  # --shape: a tensor of 1 GiB of floats at most
@@ -90,52 +84,5 @@ def _checked(args) -> tuple[list[str], list[str], tuple[int, ...] | None]:
 
 
 def run(args) -> int:
-
-    import torch  # lazy: keeps torch off `ablate bench --help`
-
-
     parts, models, shape = _checked(args)
-    n = args.threads or torch.get_num_threads()
-    load = ", load average {:.1f} {:.1f} {:.1f}".format(*os.getloadavg()) if hasattr(os, "getloadavg") else ""
-    print(f"ablate bench ({n} torch thread{'s' if n != 1 else ''}, {cpu_count()} cores{load}, "
-          f"torch {torch.__version__})\n")
-    status = 0
-    with threads(n):  # every part of this process; a caller in the same process (a test) is left as it was
-        runners = _runners(args, models, shape, n)
-        for part in parts:
-            result = runners[part]()
-            if isinstance(result, int):  # printed as it went; its exit status
-                status |= result
-                continue
-            for line in [result] if isinstance(result, str) else result:
-                print(line, flush=True)
-            print()
-    return status
-
-
-def _runners(args, models: list[str], shape: tuple[int, ...] | None, n: int) -> dict:
-    """Each part: () -> its text, its lines as measured, or (where it prints its own) its exit status."""
-    # lazy: keeps torch off `ablate bench --help`
-    from ablate.bench import cpu_kernels, grid_scaling, harness, probe_cost, step_report, steps, subnormals
-
-    def mlp() -> int:
-        text, same = cpu_kernels.mlp(models[0], args.layers or 12, args.steps, args.repeats)
-        print(text + "\n", flush=True)
-        return 0 if same else 1
-
-    return {
-        "steps": lambda: step_report.report(models, args.layers, args.steps, args.repeats, n, args.probe_every),
-        "probes": lambda: probe_cost.report(models, args.layers, args.steps, args.repeats, n, args.probe_every),
-        "grid": lambda: grid_scaling.grid_scaling(args.workers, steps=args.grid_steps,
-                                                  repeats=min(args.repeats, 2)).describe(),
-        "startup": harness.startup_cost,
-        "memory": harness.peak_memory,
-        "gpu": harness.gpu_figures,
-        "subnormals": lambda: subnormals.report(args.subnormal_steps, args.threads or 1),
-        "profile": lambda: harness.profile_steps(models[0], args.layers),
-        "cpu-gelu": lambda: cpu_kernels.gelu(shape or cpu_kernels.GELU_SHAPE),
-        "cpu-attention": lambda: cpu_kernels.attention(shape or cpu_kernels.ATTENTION_SHAPE),
-        "cpu-mlp": mlp,
-        "kernels": lambda: kernels.run(argparse.Namespace(action="bench", device=None, backends=None, rows=None,
-                                                          ops=None, repeats=max(args.repeats, 10), compile=True)),
-    }
+    return run_parts(parts, models, shape, Settings(**{name: getattr(args, name) for name in CEILINGS}))
