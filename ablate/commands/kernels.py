@@ -1,4 +1,4 @@
-"""`ablate kernels check|bench`: the kernel backends against `reference`, and their speed.
+"""`ablate kernels check|bench|tune`: the kernel backends against `reference`, and their speed.
 
 check  runs the parity suite (ablate/kernels/parity.py) for every GPU backend on this machine
        and prints op x backend: max relative error and pass/fail (ablate/kernels/check.py); exit
@@ -11,9 +11,15 @@ bench  times each op forward and forward + backward for PyTorch eager, torch.com
 tune   times whole training steps of one cell's shape per backend on a CUDA device, repeats
        interleaved, and records them for `--kernels auto` (ablate/bench/step_tune.py): the
        only timing auto takes on a GPU.
+
+The parser takes `ablate train`'s options (tune), so torch loads with it, `--help` included;
+each action's library (the parity suite, the bench, the tuning) loads only when it runs.
 """
 from __future__ import annotations
 
+import torch
+
+from ablate.commands.train import add_option_flags, collect_options
 from ablate.core.errors import ConfigError
 
 GPU_BACKENDS = ("triton", "cuda")
@@ -47,8 +53,6 @@ def add_arguments(p) -> None:
 
 
 def _add_tune(sub) -> None:
-    from ablate.commands.train import add_option_flags  # lazy: keeps torch off `ablate kernels --help`
-
     t = sub.add_parser("tune", help="time whole training steps per backend for --kernels auto (CUDA)",
                        description="Time whole training steps of the cell the options describe (as `ablate train` "
                                    "takes them) with reference and each backend that passes its parity check on "
@@ -65,8 +69,6 @@ def _add_tune(sub) -> None:
 
 
 def _device(arg):
-    import torch  # lazy: keeps torch off `ablate kernels --help`
-
     if arg is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -99,7 +101,7 @@ def run(args) -> int:
         return _tune(args)
     device = _device(args.device)
     if args.action == "check":
-        from ablate.kernels.check import check  # lazy: keeps torch off `ablate kernels --help`
+        from ablate.kernels.check import check  # lazy: each action's library loads only when it runs
 
         return check(_backend_names(args.backends, ",".join(GPU_BACKENDS), (*GPU_BACKENDS, "cpu")),  # cpu: its own ops
                      device, args.quick, args.verbose)
@@ -107,7 +109,7 @@ def run(args) -> int:
         raise ConfigError(f"--rows {args.rows} must be at least 1")
     if args.repeats < 1:
         raise ConfigError(f"--repeats {args.repeats} must be at least 1")
-    from ablate.bench.kernel_ops import bench  # lazy: keeps torch off `ablate kernels --help`
+    from ablate.bench.kernel_ops import bench  # lazy: as check's
 
     names = _backend_names(args.backends, ",".join(GPU_BACKENDS)) if args.backends else None  # None: the device's
     ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else None
@@ -117,8 +119,7 @@ def run(args) -> int:
 def _tune(args) -> int:
     """The counts and backends checked, the options read as `ablate train` reads them; the cell
     planned, timed and recorded by step_tune.tune_cell."""
-    from ablate.bench.step_tune import tune_cell  # lazy: keeps torch off `ablate kernels --help`
-    from ablate.commands.train import collect_options
+    from ablate.bench.step_tune import tune_cell  # lazy: as check's in run
 
     steps = _count("--timed-steps", args.timed_steps, TUNE_STEPS_MAX)
     repeats = _count("--repeats", args.repeats, TUNE_REPEATS_MAX)
