@@ -265,8 +265,10 @@ def _why(c: ClauseDecision, results: list[Result], looks: tuple) -> str:
         if last.statistic is None:
             return "an exact count, the claimed way by at least the effect"
         effects = ", ".join(f"{r.compare.effect:g} {r.unit}" for r in results if r.compare.effect)
-        return (f"shown beyond 0 at {last.n_seeds} seeds (z {last.statistic:.2f} >= boundary {last.boundary:.2f}); "
-                + ("also" if last.beyond else "not") + f" shown beyond the smallest effect of interest ({effects})")
+        shown = f"shown beyond 0 at {last.n_seeds} seeds (z {last.statistic:.2f} >= boundary {last.boundary:.2f})"
+        if not effects:  # a failure share is read against its bound alone: no effect beyond it to name
+            return shown
+        return shown + "; " + ("also" if last.beyond else "not") + f" shown beyond the smallest effect of interest ({effects})"
     if c.status == DISAGREES:
         effects = ", ".join(f"{r.compare.effect:g} {r.unit}" for r in results if r.compare.effect)
         if last.futility_statistic is None:

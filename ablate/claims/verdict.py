@@ -257,6 +257,8 @@ def _agree_why(c: ClauseResult, level: float) -> str:
     if all(r.kind == "exact" for r in c.results):
         return "an exact count, at least the smallest effect of interest the claimed way"
     beyond = all(r.test is not None and r.test.beyond(level) for r in c.results)
+    if not _effects(c):  # a failure share is read against its bound alone: no effect beyond it to name
+        return "shown beyond 0"
     return ("shown beyond 0 and beyond the smallest effect of interest (" + _effects(c) + ")" if beyond else
             "shown beyond 0; not shown beyond the smallest effect of interest (" + _effects(c) + ")")
 

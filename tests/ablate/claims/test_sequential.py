@@ -5,13 +5,14 @@ alternative; futility at the effect of interest; graphical Holm across clauses; 
 and the cells it asks for, rebuilt from synthetic run folders."""
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from ablate.analysis.stats import ONE_SIDED_ALPHA
 from ablate.claims.claim_file import parse_claim
-from ablate.claims.sequential import clause_looks, decide_claim
+from ablate.claims.sequential import clause_looks, decide_claim, decide_results
 from ablate.claims.spending import LOOKS, boundaries, nominal_levels, spent
 from ablate.claims.verdict import AGREES, CANNOT_TELL, DISAGREES, Result
 from tests.helpers.synthetic_runs import write_run
@@ -573,3 +574,18 @@ def test_a_plan_past_the_power_ceiling_is_not_computed(monkeypatch):
     monkeypatch.setattr(sequential, "power", never)
     lines = sequential.power_lines(parse_claim(CLAIM), (3, sequential.MAX_POWER_SEEDS + 1))
     assert lines and all(f"power not computed past {sequential.MAX_POWER_SEEDS} seeds" in line for line in lines)
+
+
+def test_a_share_against_a_stated_rate_agrees_without_naming_an_effect_it_has_none_of():
+    # prenorm-wins (d): "fails less than 1 in 4": a share failed is read against the bound (`than`),
+    # its Result carrying no effect beyond it; the agreeing clause says so, not "... of interest ()"
+    entry = _entry("failed", expect="lower", than=0.25, effect=0.1)
+    claim = _claim_of([entry])
+    compare = replace(claim.clauses[0].compare[0], effect=None)
+    values = tuple([-0.25] * LOOKS[-1])  # every seed's share is 0, a quarter under the bound
+    decision = decide_results(claim, [[Result(compare, "share failed", seed_values=values,
+                                              seed_ids=tuple(range(len(values))))]])
+    (clause,) = decision.clauses
+    assert clause.status == AGREES
+    assert "effect of interest" not in clause.why and "()" not in clause.why
+    assert clause.why.startswith("shown beyond 0 at 12 seeds")
