@@ -21,8 +21,8 @@ import torch
 
 from ablate.commands.train import add_option_flags, collect_options
 from ablate.core.errors import ConfigError
+from ablate.kernels import GPU_BACKENDS
 
-GPU_BACKENDS = ("triton", "cuda")
 # The ceilings of tune's counts (a tune is minutes at most; more is a typo).
 TUNE_STEPS, TUNE_STEPS_MAX = 10, 1000
 TUNE_REPEATS, TUNE_REPEATS_MAX = 5, 100

@@ -39,6 +39,7 @@ KERNEL_BACKENDS.register("triton", _loaded_from("ablate.kernels.triton_backend")
 KERNEL_BACKENDS.register("cuda", _loaded_from("ablate.kernels.cuda_backend"))
 BACKENDS = tuple(KERNEL_BACKENDS)  # the built-in ones
 CHOICES = BACKENDS + ("auto",)
+GPU_BACKENDS = ("triton", "cuda")  # what `ablate kernels check|bench|tune` default to
 
 
 def kernel_choices() -> list[str]:

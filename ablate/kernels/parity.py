@@ -23,12 +23,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ablate.core.errors import ConfigError
-from ablate.kernels import get_backend
+from ablate.kernels import GPU_BACKENDS, get_backend
 from ablate.kernels.cpu_backend import unchecked
 from ablate.kernels.ops_base import ACTS, poisoned_outputs
 from ablate.kernels.reference import ReferenceBackend
 
-GPU_BACKENDS = ("triton", "cuda")
 TOLERANCE = {torch.float32: 5e-6, torch.bfloat16: 1e-2}
 DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 GATED = ("silu", "gelu", "relu")  # SwiGLU, GEGLU, ReGLU
