@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from ablate.cli import main
-from ablate.grid.status import grid_states, tail_rows
 from ablate.core.rundir import CellLock
+from ablate.grid.status import grid_states, tail_rows
 from tests.helpers.repo import REPO
 from tests.helpers.synthetic_runs import write_grid, write_run
 
