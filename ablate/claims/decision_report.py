@@ -108,7 +108,11 @@ def plot_running_statistic(decision: Decision, path: Path, dpi: int = 110) -> Pa
             ax.set_xlabel("seeds")
             ax.set_ylabel("z")
             ax.set_title(f"({c.letter}) {c.status}", fontsize=9)
-        axes[0][0].legend(fontsize=7, loc="best")
+        labelled = {}  # every line any panel drew, once: the first panel may lack the futility line
+        for ax in axes[0]:
+            for handle, label in zip(*ax.get_legend_handles_labels()):
+                labelled.setdefault(label, handle)
+        axes[0][0].legend(list(labelled.values()), list(labelled), fontsize=7, loc="best")
         fig.suptitle(f"{decision.claim.name}: each look's statistic and boundary", fontsize=10)
         fig.tight_layout()
         save_figure(fig, path, dpi)
