@@ -325,11 +325,9 @@ def write_claim_report(claim: Claim, out: Path, full: bool = True, cells: Path |
 
     runs = load_runs(cells or out, seeds, listed_only)
     if full:
-
         analysis = analyse(runs)
         metrics = analysis.metrics
     else:
-
         metrics = cell_metrics(runs)
     verdict = evaluate(claim, runs, metrics)
     if decided_before:

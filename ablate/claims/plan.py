@@ -136,7 +136,6 @@ def print_plan(claim, grid, cells: Path, req: Request) -> None:
         print(f"estimated GPU time: {estimate_gpu_hours(grid):.2f} GPU-hours at least ({ASSUMED_MFU:.0%} of a "
               f"{ASSUMED_PEAK_FLOPS / 1e12:.0f} TFLOP/s bf16 GPU; small models reach less, so expect more)", flush=True)
     elif req.options.backend == "local":
-
         speed = grid_speed(grid, workers)
         seconds = quick_seconds(grid, workers, speed)
         print(f"estimated time: about {minutes(seconds)}{speed.span(seconds)} with {workers} "

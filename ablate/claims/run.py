@@ -59,7 +59,6 @@ def shipped_claims() -> dict:
 def find_claim(name: str):
     """A shipped claim by name, or a claim file (a path ending in .toml)."""
     if name.endswith(".toml"):
-
         if not Path(name).exists():  # a FIFO, a device or a folder is load_claim's to refuse, for what it is
             raise ConfigError(f"claim file {name!r} does not exist; valid: a claim TOML file or a shipped claim "
                               f"({', '.join(shipped_claims())})")
@@ -78,7 +77,6 @@ def find_claim(name: str):
 
 def list_claims() -> int:
     from ablate.grid.spec import load_grid  # lazy: torch only when used
-
 
     claims = shipped_claims()
     grids = {name: load_grid(claim.grid) for name, claim in claims.items()}
@@ -136,7 +134,6 @@ def check_backend(grid, cells: Path, req: Request) -> None:
 
 def _reproduce(claim, cells: Path, req: Request, grid):
     if req.decide:
-
         return run_decide(claim, cells, req, grid)
     from ablate.grid.runner import run_grid  # lazy: torch only when used
 
@@ -159,7 +156,6 @@ def _reproduce(claim, cells: Path, req: Request, grid):
               "until they are; rerun to resume", flush=True)
         return UNDECIDED, None
     out.mkdir(parents=True, exist_ok=True)
-
 
     report, verdict = write_claim_report(claim, out, cells=cells if out != cells else None, seeds=own_seeds(grid),
                                          decided_before=decided_plan(cells / DECIDE_DIR))
@@ -201,7 +197,6 @@ def run_all(root: Path | None, req: Request) -> int:
         return worst
     suffix = "" if req.scale == "cpu" else "-full"
     if req.decide:
-
         index = write_decision_index(entries, root / f"index{suffix}-decide.md")
     else:
         design = f"-seeds-{req.n_seeds}" if req.n_seeds else ""

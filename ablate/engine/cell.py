@@ -68,7 +68,6 @@ class Cell:
         cell's `seed` apart), its group_id, when the caller has them (a grid resolves each
         setting once); plugins: what ablate.engine.plugins.requested() says, when the caller has it."""
         if plugins is None:
-
             plugins = loaded.requested()
         cfg = cfg if cfg is not None else resolve(options)  # raises ConfigError on anything invalid
         seed = cfg.seed if seed is None else seed

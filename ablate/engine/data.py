@@ -173,7 +173,6 @@ def _encode(text_files: list[Path], tokenizer: str, vocab_size: int, cache: Path
     chunks = ["".join(lines[i : i + 2000]) for i in range(0, len(lines), 2000)]
     tok_path = cache / f"bpe-{vocab_size}.json"
     if tok_path.exists():
-
         tok = Tokenizer.from_file(str(tok_path))
     else:
         tok = _train_bpe(chunks, vocab_size, tok_path)

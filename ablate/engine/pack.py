@@ -38,7 +38,6 @@ def parse_stack(value: Any) -> int | str:
     except (TypeError, ValueError):
         k = 0
     if k < 1 or str(value).strip() != str(k):
-
         raise ConfigError(f"--stack {shown(value)} is not a member count; valid: auto, or a whole number 1 or more "
                           "(1 trains every cell alone)")
     return k

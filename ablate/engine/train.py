@@ -369,7 +369,6 @@ def check_existing_run(cell, run_dir: str | Path) -> None:
         # finished run is not run again to find out. Otherwise resolve it as a run would.
         kernels = recorded_kernels(old)
     elif kernels == "auto":
-
         kernels = pick_auto(str(device), step_shape(cfg, size, autocast_dtype(cfg, device)))
     _refuse_another_run(run_dir, _by_todays_names(old), run_config(cell, cfg, size, data, device, kernels))
     _threads_for(cell, cfg, old, run_dir)

@@ -47,7 +47,6 @@ class Progress:
         self.bar = None
         self.lines: dict[int, Any] = {}
         if self.tty and to_run:
-
             self.bar = tqdm(total=to_run, desc=name, unit="cell", dynamic_ncols=True, file=stream,
                             bar_format="{desc}: {n_fmt}/{total_fmt} cells |{bar}| {elapsed}<{remaining}{postfix}")
             for slot in range(slots):
@@ -57,7 +56,6 @@ class Progress:
 
     def write(self, text: str) -> None:
         if self.bar is not None:
-
             tqdm.write(text, file=sys.stdout)
         else:
             print(text, flush=True)

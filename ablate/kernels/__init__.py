@@ -53,7 +53,6 @@ def get_backend(name: str = "reference", device: str = "cpu", shape: dict | None
     if name != "auto" and name not in KERNEL_BACKENDS:
         raise ConfigError(f"unknown kernels {name!r}; valid: {', '.join(kernel_choices())}")
     if name == "auto":
-
         name = pick_auto(device, shape)
     if name == "cpu" and not str(device).startswith("cpu"):
         raise ConfigError(f"kernels 'cpu' runs on the CPU only, not on {device}; valid there: "

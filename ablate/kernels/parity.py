@@ -256,7 +256,6 @@ def load_backends(names=GPU_BACKENDS, device: str | None = None) -> dict[str, ob
 
 def _unchecked_cpu(device: str):
     if not str(device).startswith("cpu"):
-
         return get_backend("cpu", device)  # refused in its one line
 
     return unchecked()

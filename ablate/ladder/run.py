@@ -82,7 +82,6 @@ class LadderPlan:
 
         text = rung_grid_text(self.data, rung, self.source)
         if write:
-
             path = self.grid_file(rung)
             output_folder(path.parent)  # a link planted at grids/ is replaced, never written through
             _write_text(path, text)
@@ -194,7 +193,6 @@ def estimate(plan: LadderPlan, workers: int, full: bool) -> list[str]:
                      f"{rung.rate_factor:.3g}: {rates}  {len(grid.cells)} cells  {cost}")
     check_planned_hours(plan.claim.name, total if full else total / 3600, "GPU-hours" if full else "hours")
     if full:
-
         what = (f"{total:.2f} GPU-hours at least, at {ASSUMED_MFU:.0%} of a {ASSUMED_PEAK_FLOPS / 1e12:.0f} TFLOP/s "
                 "bf16 GPU (small models reach less, so expect more)")
     else:
