@@ -7,9 +7,9 @@ per-seed differences. Welch's t-test (which ignores pairing) is used only where 
 share fewer than two seeds or train on different batches (model, batch size, context or data
 differ). The p-values of one report are corrected together (Benjamini-Hochberg by default,
 Holm on request); a "no significant difference" comes with the number of seeds at which a
-paired t-test would detect the observed mean difference with 80% power. The claim engine
-(claims.py) also tests equivalence within a margin (TOST, with the seeds a one-sided t-test
-needs) and paired 0/1 outcomes (the exact McNemar test, with the pairs it needs).
+paired t-test would detect the observed mean difference with 80% power. A claim's
+comparisons are tested apart from these (ablate/claims/decide.py: the exact sign test over
+seeds, against 0, a bound, or within a non-inferiority margin).
 
 Only finished cells count: a `completed` cell contributes its final loss; a `diverged` cell
 has none and counts in the divergence rate instead; `failed` cells (a Python error, not a

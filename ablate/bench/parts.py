@@ -19,6 +19,7 @@ OPT_IN = ("subnormals", "probes", "kernels", "cpu-gelu", "cpu-attention", "cpu-m
 @dataclass(frozen=True)
 class Settings:
     """The measurements' sizes, as `ablate bench` takes them (None: the part's own default)."""
+
     steps: int  # training steps per timed run
     repeats: int  # interleaved repeats of each comparison
     layers: int | None = None  # depth of every size in the step comparison and profile

@@ -15,7 +15,7 @@
     per-seed values                           claim_checks.py: a clause's comparisons and notes
       |
       v
-    tests                                     decide.py: sign test, t-test, exact counts
+    tests                                     decide.py: the sign test over seeds, exact counts
       |                                       design_checks.py: could the design show it?
       v
     decision                                  verdict.py (a fixed design), sequential.py (looks)

@@ -4,7 +4,7 @@ A measure turns the cells one side of a comparison selects into one number per *
 key*: the cell's values on the axes that vary in the grid, minus the axes that tell the two
 sides apart and minus the axes the measure itself aggregates over (`consumes`, e.g. `lr` for
 LR sensitivity). The key always starts with the seed: same seed = same initial weights and
-batches, so the engine (claims.py) pairs the two sides key by key.
+batches, so the engine (verdict.py) pairs the two sides key by key.
 
     @measure("my_measure", unit="nats", description="...")
     def my_measure(ctx, cells, params):        # cells: the cell_metrics rows of one key

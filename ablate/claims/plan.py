@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from ablate.bench.estimate import grid_seconds, grid_speed, machine_speed, threads_per_worker
+from ablate.bench.estimate import grid_seconds, grid_speed
 from ablate.claims.claim_file import ClaimError, check_against_grid
 from ablate.claims.design import design_grid
 from ablate.claims.selectors import grid_cells
@@ -63,15 +63,10 @@ def quick_workers() -> int:
     return min(QUICK_WORKERS, cpu_count())  # the cores this process may use (taskset, SLURM)
 
 
-def cell_seconds(cfg, speed=None) -> float:
-    """One cell's estimated seconds alone on this machine at one worker's share of its cores
-    (`speed`: an ablate.bench.estimate.Speed; default this machine's, measured)."""
-    return (speed or machine_speed(threads_per_worker(quick_workers()))).cell_seconds(cfg)
-
-
 def quick_seconds(grid, workers: int = QUICK_WORKERS, speed=None) -> float:
     """Estimated wall time on this machine's CPUs with `workers` cells at once: an upper bound
-    where cells diverge early. `speed`: as cell_seconds."""
+    where cells diverge early. `speed`: an ablate.bench.estimate.Speed (default this machine's,
+    measured)."""
     return grid_seconds(grid, workers, speed=speed)
 
 

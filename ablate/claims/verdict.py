@@ -122,7 +122,7 @@ class ClauseResult:
     clause: Clause
     results: tuple  # of Result
     side: str | None  # RIGHT when the clause's decisive p is for "agrees", WRONG for "does not agree"
-    p_value: float | None  # the clause's decisive p-value (module docstring of claims.py)
+    p_value: float | None  # the clause's decisive p-value (the module docstring of claim_file.py)
     p_adjusted: float | None = None
     outcome: str = CANNOT_TELL
     why: str = ""  # the reason in words: shown beyond 0 / beyond the effect / no effect as large as X

@@ -300,6 +300,7 @@ def _claims_and_sources(names: list[str], imports_policy: str):
 class LadderRequest:
     """What `ablate ladder` was asked, every value checked: the claims (or a grid file), the rungs'
     widths, the scale, the seeds, the overrides and how cells run."""
+
     names: list
     widths: list
     full: bool
@@ -319,11 +320,10 @@ def run_ladders(req: LadderRequest) -> int:
     --backtest freeze the plan and score the held-out rung. Returns the exit status."""
     widths, held_out = req.widths, (_held_out_width(req.widths, req.full) if req.backtest else None)
     scale = "gpu" if req.full else "cpu"
-    root = req.root
     pairs = _claims_and_sources(req.names, req.imports_policy)
     suffix = "-full" if req.full else ""
     plans = [LadderPlan(claim, source, scale, req.overrides, widths + ([held_out] if held_out else []), req.full,
-                        req.imports_policy, root / f"{claim.name}{suffix}", req.n_seeds)
+                        req.imports_policy, req.root / f"{claim.name}{suffix}", req.n_seeds)
              for claim, source in pairs]  # all checked first
     identities = {plan.claim.name: _backtest_identity(plan, widths, held_out) for plan in plans} if held_out else {}
     estimates = [estimate(plan, req.workers, req.full) for plan in plans]  # every one refused before any is printed
