@@ -18,7 +18,9 @@ would weigh a blow-up far above a plateau at about 3.2). Where the unigram entro
 (data without it recorded), the loss at initialisation stands in. Failure stays a measure of its
 own (claim_measures `failed`, `diverged`, `dead`): the score does not count it.
 
-A failed training run is one of three kinds (`failure_kind`, from the logs the harness keeps):
+A failed training run is one of three kinds (`failure_kind`, from the logs the harness keeps; the
+rule and its thresholds are declared once in ablate/core/collapse.py, which the opt-in early stop
+of dead runs reads too):
 
     dead       collapsed: it ended on the plateau with the first block's gradient norm at least
                DEAD_GRAD_DECADES decades under the top block's (far under Adam's eps against the
@@ -40,18 +42,14 @@ import re
 
 import numpy as np
 
+from ablate.core.collapse import (COLLAPSED_COS, DEAD_GRAD_DECADES, GRAD_FLOOR, PLATEAU_MARGIN,  # noqa: F401
+                                  UNIFORM_ATTENTION_SHARE, grad_reach, gradients_dead, on_plateau,
+                                  same_representations, uniform_attention)
 from ablate.core.rundir import COMPLETED as STATUS_COMPLETED, DIVERGED as STATUS_DIVERGED
 
-PLATEAU_MARGIN = 0.2  # nats above (unigram entropy - this) = stuck on the unigram plateau
 TRAINED, PLATEAUED, DIVERGED, FAILED = "trained", "plateaued", "diverged", "failed"
 DEAD, SLOW = "dead", "slow"
 FAILURE_KINDS = (DEAD, SLOW, DIVERGED)  # what a failed training run is, in the order reports list them
-# Issue 52: dead post-norm runs end with the first block's gradient 10-17 decades under the top
-# block's; slow pre-norm runs within one. Six decades sits far from both.
-DEAD_GRAD_DECADES = 6.0
-GRAD_FLOOR = 1e-30  # gradient norms below this (0 included: underflow) count as this
-COLLAPSED_COS = 0.99  # top block's mean pairwise cosine of the token vectors: all positions alike
-UNIFORM_ATTENTION_SHARE = 0.95  # a block's attention entropy over a uniform causal attention's
 DEAD_RULE = (f"dead: on the plateau with the first block's gradient norm at least {DEAD_GRAD_DECADES:g} decades under "
              f"the top block's (and, where probed, the top block's cos_sim >= {COLLAPSED_COS:g} or attention "
              f"uniform); slow: on the plateau with gradients alive")
@@ -64,11 +62,7 @@ SCORING_RULE = ("a completed run scores min(its final val loss, the unigram entr
 
 def plateaued(loss, unigram_entropy, margin: float = PLATEAU_MARGIN) -> bool:
     """Whether a final loss sits on the unigram plateau (False when either is unknown)."""
-    try:
-        loss, entropy = float(loss), float(unigram_entropy)
-    except (TypeError, ValueError):
-        return False
-    return bool(np.isfinite(loss) and np.isfinite(entropy) and loss >= entropy - margin)
+    return on_plateau(loss, unigram_entropy, margin)
 
 
 def outcome_of(status, final_val_loss, unigram_entropy) -> str:
@@ -116,8 +110,7 @@ def failure_kind(outcome: str, steps, context: int | None = None) -> str | None:
 def collapsed(steps, context: int | None = None) -> bool:
     """Whether the run's last logged gradients show a collapse (module docstring), confirmed by
     the last stability probes where it logged them."""
-    reach = last_grad_reach(steps)
-    if reach is None or reach > -DEAD_GRAD_DECADES:
+    if not gradients_dead(last_grad_reach(steps)):
         return False
     evidence = [e for e in (_same_representations(steps), _uniform_attention(steps, context)) if e is not None]
     return not evidence or any(evidence)
@@ -135,12 +128,12 @@ def last_grad_reach(steps) -> float | None:
     if not ok.any():
         return None
     i = np.flatnonzero(ok)[-1]
-    return math.log10(max(first[i], GRAD_FLOOR) / top[i])
+    return grad_reach(first[i], top[i])
 
 
 def _same_representations(steps) -> bool | None:
     value = _last(steps, _layers(steps, "cos_sim")[-1:])
-    return None if value is None else bool(value[0] >= COLLAPSED_COS)
+    return None if value is None else same_representations(value[0])
 
 
 def _uniform_attention(steps, context: int | None) -> bool | None:
@@ -149,8 +142,7 @@ def _uniform_attention(steps, context: int | None) -> bool | None:
     values = _last(steps, _layers(steps, "attn_entropy"))
     if values is None or not context:
         return None
-    uniform = float(np.mean(np.log(np.arange(1, int(context) + 1))))
-    return bool(uniform > 0 and (values >= UNIFORM_ATTENTION_SHARE * uniform).all())
+    return uniform_attention(values, context)
 
 
 def _last(steps, columns: list[str]):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ablate.core.bounded_read import UnreadableFile, read_toml
 from ablate.core.errors import ConfigError
-from ablate.core.rundir import (CELL_BUSY, CELL_SKIPPED, CHECKPOINT, COMPLETED, FAILED, SUMMARY, check_out_path,
+from ablate.core.rundir import (CELL_BUSY, CELL_SKIPPED, CHECKPOINT, COMPLETED, FAILED, STOPPED_DEAD, SUMMARY, check_out_path,
                                 read_json)
 from ablate.engine.cell import Cell, check_id_fits, finished_status, run_cell
 from ablate.engine.config import EXECUTION, EXPERIMENT, OBSERVATION, OPTIONS, OPTION_NAMES, TRAIN_ID_OPTIONS
@@ -100,5 +100,7 @@ def run(args) -> int:
         val = s["final_val_loss"]
         detail = (f"final loss {s['final_loss']:.4f}, val loss {val:.4f}" if s["status"] == COMPLETED
                   else f"diverged at step {s['diverged_at_step']}")
+        if s.get(STOPPED_DEAD) is not None:
+            detail += f" (stopped dead at step {s[STOPPED_DEAD]}: stop_dead)"
         print(f"{run_dir}: {s['status']} after {s['steps']} steps in {s['wall_time_s']:.1f}s, {detail}")
     return 0

@@ -57,21 +57,26 @@ CELL_TRAINED, CELL_SKIPPED, CELL_BUSY = "trained", "skipped", "busy"
 # ------------------------------------------------------------------------------ summary.json
 
 # Every summary.json has SUMMARY_KEYS; RESULT_KEYS are its numbers (null when the run has
-# none: a failed run, or a diverged one's losses). Two keys appear only when they apply.
+# none: a failed run, or a diverged one's losses). The three keys after these appear only when
+# they apply.
 RESULT_KEYS = ("final_loss", "final_val_loss", "diverged_at_step", "steps", "wall_time_s")
 SUMMARY_KEYS = ("status", *RESULT_KEYS, "error")
 MISSING_STEPS = "missing_steps"  # logged steps whose metrics rows a resume lost (train.py)
+STOPPED_DEAD = "stopped_dead_at_step"  # the step a run stopped at, found dead (the option stop_dead)
 ATTEMPTS = "attempts"  # how many times a failed cell was tried (cell.py)
 
 
 def run_summary(status: str, final_loss: float | None, final_val_loss: float | None, diverged_at_step: int | None,
-                steps: int, wall_time_s: float, missing_steps: Iterable[int] = ()) -> dict[str, Any]:
-    """The summary.json of a run that trained to its end (COMPLETED) or diverged."""
+                steps: int, wall_time_s: float, missing_steps: Iterable[int] = (),
+                stopped_dead_at_step: int | None = None) -> dict[str, Any]:
+    """The summary.json of a run that trained to its end (COMPLETED), or stopped early as dead
+    (COMPLETED, `stopped_dead_at_step`: the option stop_dead), or diverged."""
     assert status in DONE, status
     missing = list(missing_steps)
     return {"status": status, "final_loss": final_loss, "final_val_loss": finite_or_none(final_val_loss),
             "diverged_at_step": diverged_at_step, "steps": steps, "wall_time_s": wall_time_s, "error": None,
-            **({MISSING_STEPS: missing} if missing else {})}
+            **({MISSING_STEPS: missing} if missing else {}),
+            **({STOPPED_DEAD: stopped_dead_at_step} if stopped_dead_at_step is not None else {})}
 
 
 def failed_summary(error: str, attempts: int) -> dict[str, Any]:

@@ -125,6 +125,9 @@ class TrainConfig:
     dtype: str = _opt("auto", "auto (bf16 autocast on GPUs, float32 on the CPU), float32, bfloat16",
                       choices=lambda: list(DTYPES), in_id=False)
     diverge_factor: float = _opt(2.0, "diverged when loss > factor x first loss (or non-finite)", check=_above_one)
+    stop_dead: int = _opt(0, "stop a run once it has been dead (on the plateau, first block's gradient 6 decades "
+                             "under the top's: ablate/core/collapse.py) for N steps (0 = never)",
+                          check=_within(0, MAX_STEPS))
     eval_batches: int = _opt(8, "validation batches at each evaluation", check=_within(1, MAX_BATCHES),
                              in_id=False)
     final_eval_batches: int = _opt(32, "validation batches of the final evaluation (summary's final_val_loss)",
@@ -396,6 +399,8 @@ def _check(cfg: TrainConfig, given: set[str], strict: bool) -> None:
     need(tokens <= MAX_TOKENS_PER_STEP,
          f"batch_size {cfg.batch_size} x seq_len {cfg.context} = {tokens:,} tokens per step; valid: batch_size "
          f"1..{MAX_TOKENS_PER_STEP // cfg.context:,} at seq_len {cfg.context}")
+    need(not cfg.stop_dead or cfg.probes, f"stop_dead {cfg.stop_dead} reads the per-layer gradient norms; valid: "
+         "probes true, or stop_dead 0")
     need(cfg.data is None or os.path.exists(cfg.data), f"data path {cfg.data!r} does not exist; valid: a text file, a folder of text files, or an llm.c .bin shard")
     # An option specific to some optimizers or schedules, given for another, would be ignored.
     for key in sorted(given):

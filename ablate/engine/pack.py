@@ -77,13 +77,19 @@ def member_bytes(cfg) -> int:
 
 def group_packs(cells: list[Cell], stack: int | str) -> list[list[Cell]]:
     """The packs, in the order of their first cell: cells of one pack_key, at most `stack` (or
-    auto_members) at a time; a pack of one is a cell trained alone."""
+    auto_members) at a time; a pack of one is a cell trained alone (as every cell with
+    stop_dead is)."""
     if stack == STACK_OFF:
         return [[c] for c in cells]
     groups: dict[str, list[list[Cell]]] = {}
     limits: dict[str, int] = {}
     order: list[list[Cell]] = []
     for cell in cells:
+        if cell.setting.stop_dead:
+            # A pack's members step together, so a member found dead would stop nothing: a cell
+            # that stops dead runs (the option stop_dead) trains alone, where it saves its steps.
+            order.append([cell])
+            continue
         key = pack_key(cell)
         chunks = groups.setdefault(key, [])
         if key not in limits:  # auto: measured once per kind of cell

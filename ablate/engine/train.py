@@ -32,6 +32,7 @@ from ablate.core.rundir import (CHECKPOINT, COMPLETED, CONFIG, DIVERGED, METRICS
 from ablate.engine import fpmode, plugins
 from ablate.engine.config import IDENTITY_KEYS, NOT_COMPARED, OPTIONS, TrainConfig
 from ablate.engine.data import TokenData, load_data
+from ablate.engine.dead_stop import dead_watch
 from ablate.engine.lr import lr_at
 from ablate.engine.model import GPT, build_model
 from ablate.engine.probes import Probes
@@ -533,6 +534,8 @@ class RunState:
     recent: list[float] = field(default_factory=list)
     missing: list[int] = field(default_factory=list)  # logged steps whose rows a resume lost
     val_loss: float | None = None
+    watch: dict = field(default_factory=dict)  # the dead-run watch's state (ablate/engine/dead_stop.py)
+    stopped_dead: bool = False
 
 
 def _train(cell, plan: RunPlan, forms: dict[str, str | None], quiet: bool,
@@ -545,6 +548,9 @@ def _train(cell, plan: RunPlan, forms: dict[str, str | None], quiet: bool,
     model.record_act_norms = cfg.probes
     forward = torch.compile(model) if cfg.compile else model
     tokens_per_step = cfg.batch_size * cfg.context
+    watch = dead_watch(cfg, data.unigram_entropy)
+    if watch is not None:
+        watch.restore(state.watch)
     status, step = COMPLETED, state.start - 1
     bar = _progress(cfg, state.start, quiet)
     clock0 = time.perf_counter() - state.elapsed  # time_s is wall-clock training time, resumes included
@@ -559,7 +565,8 @@ def _train(cell, plan: RunPlan, forms: dict[str, str | None], quiet: bool,
             dt = time.perf_counter() - t0
             state.first_loss = loss_value if state.first_loss is None else state.first_loss
             diverged = not math.isfinite(loss_value) or loss_value > cfg.diverge_factor * state.first_loss
-            last = step == cfg.steps - 1 or diverged
+            state.stopped_dead = not diverged and watch is not None and watch.stops(step, {"loss": loss_value, **metrics})
+            last = step == cfg.steps - 1 or diverged or state.stopped_dead
             if not diverged and (last or (step + 1) % cfg.eval_every == 0):
                 state.val_loss = evaluate(model, data, cfg, device, plan.amp,
                                           cfg.final_eval_batches if last else cfg.eval_batches)
@@ -576,11 +583,13 @@ def _train(cell, plan: RunPlan, forms: dict[str, str | None], quiet: bool,
                 after_step()
             if diverged:
                 status = DIVERGED
+            if last:
                 break
             if not last and ((step + 1) % cfg.checkpoint_every == 0 or signals):
                 state.elapsed = time.perf_counter() - clock0
                 _save_checkpoint(run_dir / CHECKPOINT, model, opt, step + 1,
-                                 {"first_loss": state.first_loss, "elapsed": state.elapsed})
+                                 {"first_loss": state.first_loss, "elapsed": state.elapsed,
+                                  **(watch.state() if watch is not None else {})})
                 if signals:
                     raise Interrupted(f"interrupted by {signal.Signals(signals[0]).name} after step {step}; "
                                       f"checkpointed in {run_dir}: rerun the same command to resume")
@@ -619,6 +628,7 @@ def _resume(plan: RunPlan, model: GPT, opt) -> RunState:
         opt.load_state_dict(ckpt["optimizer"])
         torch.set_rng_state(ckpt["torch_rng"])
         state.start, state.first_loss, state.elapsed = ckpt["step"], ckpt["first_loss"], ckpt["elapsed"]
+        state.watch = {k: ckpt[k] for k in ("dead_since", "dead_confirmed") if k in ckpt}
     state.recent = _keep_metrics_before(metrics, state.start)
     state.missing = missing_logged_steps(metrics, state.start, plan.cfg.log_every) if state.start else []
     if state.missing:
@@ -676,7 +686,8 @@ def finish_panels(run_dir: Path, state: RunState, status: str, step: int, elapse
                           final_loss=sum(state.recent) / len(state.recent) if completed and state.recent else None,
                           final_val_loss=state.val_loss if completed else None,
                           diverged_at_step=step if status == DIVERGED else None,
-                          steps=step + 1, wall_time_s=elapsed, missing_steps=state.missing)
+                          steps=step + 1, wall_time_s=elapsed, missing_steps=state.missing,
+                          stopped_dead_at_step=step if state.stopped_dead else None)
     write_json_atomic(run_dir / SUMMARY, summary)
     (run_dir / CHECKPOINT).unlink(missing_ok=True)
     return summary

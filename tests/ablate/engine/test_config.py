@@ -215,9 +215,10 @@ OTHER = {"variant": "post-ln", "norm": "post", "norm_type": "rmsnorm", "act": "r
          "init": "xavier", "optimizer": "adam", "lr": 2e-3, "weight_decay": 0.0, "beta1": 0.8, "beta2": 0.9,
          "grad_clip": 1.0, "z_loss": 1e-4, "steps": 3, "warmup": 1, "schedule": "constant", "min_lr_ratio": 0.5,
          "seed": 1, "batch_size": 4, "seq_len": 32, "dtype": "bfloat16", "diverge_factor": 3.0,
-         "eval_batches": 2, "final_eval_batches": 3}
+         "eval_batches": 2, "final_eval_batches": 3, "stop_dead": 5}
 
-NEEDS = {"momentum": {"optimizer": "sgd"}, "nesterov": {"optimizer": "sgd"}, "decay_fraction": {"schedule": "wsd"}}
+NEEDS = {"momentum": {"optimizer": "sgd"}, "nesterov": {"optimizer": "sgd"}, "decay_fraction": {"schedule": "wsd"},
+         "stop_dead": {"probes": True}}
 OTHER.update({"momentum": 0.5, "nesterov": True, "decay_fraction": 0.5, "data": None})
 
 

@@ -1,0 +1,61 @@
+"""The opt-in early stop of a dead run (`stop_dead = N`): a run dead on every logged step for N
+steps stops there, evaluates, and finishes as a completed run whose summary names the step
+(`stopped_dead_at_step`). Its outcome is then the one its full length would have had: a dead run's
+lower blocks no longer learn (issue 52: 10-17 decades under Adam's eps against the top's), it
+ends on the plateau, and the outcome rule (ablate/core/collapse.py, read by analysis/outcomes.py)
+calls it dead from the same rows. What it saves is the rest of its steps: most of a sweep's cost
+at the rates where a placement dies early.
+
+Where the run logs the stability probes, the dead stretch must include a probe step, and every
+probe step in it must confirm the collapse, so the last probes the outcome reads agree too.
+The watch's state (where the dead stretch began, whether a probe confirmed it) is checkpointed
+with the run, so an interrupted run stops at the same step as one that was not.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ablate.core.collapse import layer_values, probes_confirm, row_dead
+from ablate.core.errors import ConfigError
+
+
+@dataclass
+class DeadWatch:
+    after: int  # stop_dead: the steps a run must have been dead for
+    unigram_entropy: float
+    probed: bool  # whether the run logs the stability probes, which must then confirm
+    since: int | None = None  # the first step of the current dead stretch
+    confirmed: bool = False  # a probe step in the stretch confirmed the collapse
+
+    def stops(self, step: int, row: dict) -> bool:
+        """Whether the run stops after `step`, whose metrics are `row` (loss and probes): rows
+        without per-layer gradient norms (steps not logged) leave the watch as it was."""
+        if len(layer_values(row, "grad_norm")) < 2:
+            return False
+        # No context: the probes' evidence the outcome reads (analysis/metrics.py calls
+        # failure_kind without one), the representations' test alone.
+        probes = probes_confirm(row, None)
+        if not row_dead(row, self.unigram_entropy, None):
+            self.since, self.confirmed = None, False
+            return False
+        if self.since is None:
+            self.since, self.confirmed = step, False
+        self.confirmed = self.confirmed or bool(probes)
+        return step - self.since >= self.after and (self.confirmed or not self.probed)
+
+    def state(self) -> dict:
+        return {"dead_since": self.since, "dead_confirmed": self.confirmed}
+
+    def restore(self, saved: dict) -> None:
+        self.since, self.confirmed = saved.get("dead_since"), bool(saved.get("dead_confirmed", False))
+
+
+def dead_watch(cfg, unigram_entropy) -> DeadWatch | None:
+    """The run's watch, or None when it does not stop dead runs. The rule needs the plateau's
+    loss, the unigram entropy of the data: data without one recorded cannot use it."""
+    if not cfg.stop_dead:
+        return None
+    if unigram_entropy is None:
+        raise ConfigError(f"stop_dead {cfg.stop_dead} needs the data's unigram entropy (the plateau's loss), which this "
+                          "data does not record; valid: stop_dead 0, or the default data")
+    return DeadWatch(cfg.stop_dead, float(unigram_entropy), probed=cfg.probes and not cfg.compile)
