@@ -31,7 +31,7 @@ The estimands and the kinds (each test is exact for what it is about, at any num
             failure opposite the claim (mean 0) 0.28 to 0.67. The sign test needs no symmetry
             and no bound; its price is power (12 seeds find a 1 sd shift 0.70 of the time at
             0.025 against the t-test's 0.88; spending.power states each clause's before
-            training). `t_test` is kept for the estimates that call it, not for verdicts.
+            training).
     binary  failure measures: the estimand is the MEDIAN seed's share of failed cells (a - b, or
             the share against a bound), by the same exact sign test. Not the failure rate (the
             mean share): with the seed as the unit no test of the rate can decide at 12 seeds,
@@ -51,15 +51,15 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special, stats as scipy_stats
 
-from ablate.analysis.stats import DEFAULT_POWER, Interval, ONE_SIDED_ALPHA, one_sided_seeds_for_power, varies
+from ablate.analysis.stats import DEFAULT_POWER, Interval, ONE_SIDED_ALPHA
 
 RIGHT, WRONG = "right", "wrong"  # which way an estimate points, against the claimed direction
 KINDS = {"t": "exact sign test over seeds", "binary": "exact sign test over seeds", "exact": "exact count"}
 # What each kind's test is about, in the words the reports use.
 ESTIMANDS = {"t": "the median seed's a - b", "binary": "the median seed's share of failed cells",
              "exact": "the exact difference"}
-__all__ = ["ONE_SIDED_ALPHA", "RIGHT", "WRONG", "Test", "per_seed", "t_test", "sign_test", "exact",
-           "sign_test_min_seeds", "t_seeds_for", "sign_seeds_for", "sign_power", "pooled_sd",
+__all__ = ["ONE_SIDED_ALPHA", "RIGHT", "WRONG", "Test", "per_seed", "sign_test", "exact",
+           "sign_test_min_seeds", "sign_seeds_for", "sign_power", "pooled_sd",
            "ESTIMANDS"]
 
 
@@ -105,44 +105,6 @@ def _side(estimate: float, null: float, higher: bool) -> str | None:
     if estimate == null:
         return None
     return RIGHT if (estimate > null) == higher else WRONG
-
-
-def _t_p(x: np.ndarray, null: float, alternative: str) -> float:
-    """scipy.stats.ttest_1samp's one-sided p, computed from its formula: the sequential procedure
-    and its simulations call it thousands of times, where ttest_1samp's overhead dominates."""
-    n = x.size
-    t = (float(x.mean()) - null) / (float(x.std(ddof=1)) / math.sqrt(n))
-    # scipy.special.stdtr is Student's t cdf (what scipy.stats.t.cdf calls, without its overhead)
-    return float(special.stdtr(n - 1, -t) if alternative == "greater" else special.stdtr(n - 1, t))
-
-
-def _t_interval(d: np.ndarray, level: float) -> Interval:
-    """The two-sided 1 - 2 level t interval (TtestResult.confidence_interval's formula)."""
-    n, mean = d.size, float(d.mean())
-    half = float(special.stdtrit(n - 1, 1 - level)) * float(d.std(ddof=1)) / math.sqrt(n)
-    return Interval(mean - half, mean + half, 1 - 2 * level)
-
-
-def t_test(d: np.ndarray, higher: bool, effect: float | None, level: float = ONE_SIDED_ALPHA,
-           margin: float | None = None, higher_is_worse: bool = True) -> Test | None:
-    """The seeds' mean of d (a - b): shown / beyond / futile at `level` (module docstring).
-    With `margin` (non-inferiority, "a matches b"): shown = a is not worse by the margin, futile =
-    a is worse by the margin or more. None without two seeds that differ."""
-    if d.size < 2 or not varies(d):
-        return None
-    interval = _t_interval(d, level)
-    estimate = float(d.mean())
-    if margin is not None:
-        worse = d if higher_is_worse else -d  # "worse" is always above +margin
-        p_shown, p_futile = _t_p(worse, margin, "less"), _t_p(worse, margin, "greater")
-        side = RIGHT if float(worse.mean()) < margin else WRONG
-        return Test("one-sided t-test over seeds against the margin", estimate, interval, p_shown, side,
-                    margin if higher_is_worse else -margin, p_futile=p_futile, n=int(d.size), level=level)
-    x = d if higher else -d  # the claimed way is always "x > 0"
-    effect = effect or 0.0
-    return Test("one-sided t-test over seeds", estimate, interval, _t_p(x, 0.0, "greater"),
-                _side(estimate, 0.0, higher), 0.0, p_beyond=_t_p(x, effect, "greater") if effect else None,
-                p_futile=_t_p(x, effect, "less") if effect else None, n=int(d.size), level=level)
 
 
 def _sign_p(x: np.ndarray, null: float) -> tuple[float | None, int, int]:
@@ -240,15 +202,6 @@ def sd_upper_bound(sd: float, df: int, level: float = SPREAD_UPPER_LEVEL) -> flo
     """The one-sided `level` upper confidence bound of a normal population's standard deviation
     from a sample one on `df` degrees of freedom: sd * sqrt(df / chi2_{1 - level}(df))."""
     return sd * math.sqrt(df / scipy_stats.chi2.ppf(1.0 - level, df))
-
-
-def t_seeds_for(effect: float, sd: float, level: float, power: float = DEFAULT_POWER) -> int | None:
-    """Seeds at which the one-sided t-test at `level` shows a true mean difference of `effect`
-    (the declared smallest effect of interest, not the observed one) with probability `power`,
-    given the seeds' spread `sd`; None without an effect or a spread."""
-    if not (effect > 0 and sd > 0):
-        return None
-    return one_sided_seeds_for_power(effect / sd, level, power)
 
 
 def sign_power(q: float, n: int, level: float) -> float:
