@@ -14,7 +14,10 @@ split by every varying axis but the seed and the rate):
               above) between two rates at most MAX_GAP_DECADES apart
     passes    in at least half of the arm's seeds its edge is located
 
-A comparison whose side selects a single rate names its condition itself and is not checked.
+A comparison whose side selects a single rate names its condition itself and is not checked. A
+best-rate comparison (`best_lr`) is checked for the same reason in its own terms
+(`best_rate_lacks`): a side whose rate, chosen on the sweep's seeds, is an end of its sweep may
+have its best rate beyond it, so no effect there is not no effect at its best.
 When an arm fails the check, the comparison keeps every test of "agrees" (an effect shown is
 shown) but loses its futility: its smallest effect of interest is set aside, so it can only say
 "cannot tell from this design", with what the design lacks in its note, and no count of seeds
@@ -44,7 +47,7 @@ _SLACK = 1e-9  # a ladder's 10/3 step written in decimals passes
 def judged(ctx, sides: dict, result):
     """`result` (a verdict.Result) as its design allows: unchanged, or without its futility and
     with a note naming what the design lacks."""
-    lacking = lacks(ctx, result.compare, sides)
+    lacking = lacks(ctx, result.compare, sides) or best_rate_lacks(result)
     if not lacking or result.test is None:
         return result
     note = "; ".join(x for x in (f"{DESIGN_PREFIX}: {lacking}", result.note) if x)
@@ -79,6 +82,17 @@ def _arms(cells: pd.DataFrame, varying: list[str]):
     for values, arm in cells.groupby(axes, sort=True, dropna=False):
         values = values if isinstance(values, tuple) else (values,)
         yield " (" + ", ".join(f"{a}={_plain(v)}" for a, v in zip(axes, values)) + ")", arm
+
+
+def best_rate_lacks(result) -> str | None:
+    """What a best-rate comparison's design lacks to say "no effect at the arms' best rates": a
+    side whose chosen rate is an end of its sweep (on the sweep's seeds) may have its best rate
+    beyond it, so its loss there is not its best and an effect could hide past the end."""
+    if not result.compare.best_lr or (result.compare.effect is None and result.compare.margin is None):
+        return None
+    ends = [f"side {side}{' (' + what + ')' if what else ''}: its chosen rate {lr:g} is an end of its sweep (its best "
+            "rate may lie beyond it)" for side, picks in sorted(result.best.items()) for what, lr, edge in picks if edge]
+    return "; ".join(ends) or None
 
 
 def arm_problem(cells: pd.DataFrame) -> str | None:

@@ -66,3 +66,40 @@ def test_agreement_is_kept_when_the_design_lacks(tmp_path):
     grid(tmp_path, (1e-3, 4e-3, 3e-2))
     verdict = evaluate(claim(0.25), tmp_path)
     assert verdict.clauses[0].outcome == "agrees" and design_checks.DESIGN_PREFIX in verdict.results[0].note
+
+
+# A best-rate comparison: GELU and ReLU at their best rates, sweep seeds 0-2, fresh seeds 3-8.
+GELU, RELU = "pre.layernorm.gelu.dense.res", "pre.layernorm.relu.dense.res"
+
+
+def best_rate_grid(root, relu_best):
+    """Both arms end 2.50 at their best rate and 0.2 nats worse a rate away: equal best losses,
+    so a 0.1-nat effect of GELU over ReLU is absent wherever each best rate lies."""
+    rates = (1e-3, 3e-3, 1e-2)
+    for seed in range(9):
+        for variant, best in ((GELU, 3e-3), (RELU, relu_best)):
+            for lr in rates:
+                final = 2.50 + 0.2 * abs(rates.index(lr) - rates.index(best)) + 0.001 * seed
+                write_run(root, variant, seed, losses=[5.0, 3.0, final], val_loss=final, unigram_entropy=ENTROPY,
+                          options={"lr": lr}, axes={"act": variant.split(".")[2]})
+
+
+def best_rate_claim():
+    return parse_claim({"name": "t", "statement": "s", "source": "test", "grid": "g", "clause": [
+        {"sentence": "GELU reaches a lower loss than ReLU.", "label": "gelu lower", "compare": [
+            {"measure": "final_val_loss", "a": {"act": "gelu"}, "b": {"act": "relu"}, "expect": "lower",
+             "effect": 0.1, "best_lr": True}]}]})
+
+
+def test_a_best_rate_inside_each_sweep_may_say_does_not_agree(tmp_path):
+    best_rate_grid(tmp_path, relu_best=3e-3)
+    verdict = evaluate(best_rate_claim(), tmp_path)
+    assert verdict.clauses[0].outcome == DISAGREES and not verdict.results[0].note
+
+
+def test_a_best_rate_at_an_end_of_its_sweep_cannot_be_told_from_this_design(tmp_path):
+    best_rate_grid(tmp_path, relu_best=1e-3)  # ReLU's chosen rate is the sweep's lowest: its best may lie below
+    result = evaluate(best_rate_claim(), tmp_path).results[0]
+    assert design_checks.DESIGN_PREFIX in result.note
+    assert "side b: its chosen rate 0.001 is an end of its sweep" in result.note
+    assert evaluate(best_rate_claim(), tmp_path).clauses[0].outcome == CANNOT_TELL
