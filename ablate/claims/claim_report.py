@@ -16,7 +16,7 @@ from ablate.claims.claim_checks import CLAUSE_LETTERS as LETTERS  # a claim has 
 from ablate.claims.claim_file import Claim
 from ablate.claims.claim_measures import Context
 from ablate.claims.decide import ESTIMANDS, SPREAD_UPPER_LEVEL, z_of
-from ablate.claims.rate_choice import CHOSEN_NOT_BEST, near_text
+from ablate.claims.rate_choice import CHOSEN_NOT_BEST, SLIPPED, near_text, slipped_text
 from ablate.claims.spending import LOOKS, fixed_after_decide
 from ablate.claims.verdict import (CANNOT_TELL, CORRECTION, DISAGREES, ClauseResult, Result, Verdict, conjunction,
                                    evaluate, headline_status, outcome_counts)
@@ -125,6 +125,7 @@ def _side_notes(r: Result) -> list[str]:
     if r.edge:
         notes.append("**best lr at the edge of the sweep**")
     notes += [near_text(side, r.near[side]) for side in ("a", "b") if r.near.get(side)]
+    notes += [slipped_text(side, r.slips[side]) for side in ("a", "b") if r.slips.get(side)]
     return notes
 
 
@@ -161,7 +162,7 @@ def clause_line(i: int, c: ClauseResult) -> str:
             line += f"; {'; '.join(excluded)}"
     edges = [r for r in c.results if r.edge]
     line += "; best lr at the edge of the sweep" if edges and "edge" not in line else ""
-    return line + (f"; {CHOSEN_NOT_BEST}" if any(r.near for r in c.results) else "")
+    return line + rate_caveat(c.results)
 
 
 def verdict_section(verdict: Verdict, plots: dict | None = None) -> str:
@@ -257,7 +258,8 @@ def comparison_json(r: Result) -> dict:
             "seeds_needed": r.seeds_needed, "seeds_needed_upper": r.seeds_needed_upper,
             "best_lr": {s: [[w, lr, e] for w, lr, e in p] for s, p in r.best.items()}, "outcomes": r.outcomes,
             "missing": {s: len(m) for s, m in r.missing.items()}, "note": r.note,
-            "near_rates": {s: [list(x) for x in v] for s, v in r.near.items()}}
+            "near_rates": {s: [list(x) for x in v] for s, v in r.near.items()},
+            "slipped_rates": {s: [list(x) for x in v] for s, v in r.slips.items()}}
 
 
 def stat_test_json(r: Result) -> dict | None:
@@ -270,6 +272,14 @@ def stat_test_json(r: Result) -> dict | None:
     return {"name": t.name, "estimand": ESTIMANDS[r.kind], "estimate": t.estimate, "statistic": z_of(t.p_value),
             "p_value": t.p_value, "p_beyond": t.p_beyond, "p_futile": t.p_futile, "interval": interval,
             "level": t.level, "n": t.n, "detail": t.detail}
+
+
+def rate_caveat(results) -> str:
+    """The clause line's note on its best rates: a chosen rate that did not hold on the fresh
+    seeds, else one within noise of another swept rate (rate_choice), else nothing."""
+    if any(r.slips for r in results):
+        return f"; {SLIPPED}"
+    return f"; {CHOSEN_NOT_BEST}" if any(r.near for r in results) else ""
 
 
 def estimand_of(results) -> str:

@@ -10,6 +10,13 @@ rates of its sweep that the choosing seeds cannot tell from the chosen one: the 
 t interval reaches 0 (or, with one choosing seed, any gap under 0.05 nats). The clause then
 says the comparison is at its chosen rates, not the arms' best rates. Wording only: it decides
 nothing. tests/ablate/claims/test_rate_choice.py simulates the coarse grid of issue 52.
+
+The fresh seeds can also show a choice was wrong where the choosing seeds saw no doubt: a rate
+near an arm's edge of stability trains well in some seeds and poorly in others, and three lucky
+choosing seeds pick it (gelu-vs-relu, ReLU: 1e-2 scored 1.97 on seeds 0-2 against 2.01 at 3e-3,
+then 2.2 on the fresh seeds). `slipped_rates` names each chosen rate whose fresh seeds score
+worse than another rate did on the choosing seeds (Welch's one-sided t-test at the clauses'
+level), and the clause says its comparison is not at that arm's best rate.
 """
 from __future__ import annotations
 
@@ -17,10 +24,13 @@ import math
 
 import numpy as np
 import pandas as pd
-from scipy import special
+from scipy import special, stats
+
+from ablate.analysis.stats import ONE_SIDED_ALPHA
 
 CHOSEN_NOT_BEST = ("compared at the chosen rates, not the arms' best rates: another swept rate is within noise of "
                    "a chosen one")
+SLIPPED = ("compared at a chosen rate that did not hold on the fresh seeds: not at that arm's best rate")
 NEAR_LEVEL = 0.95  # the gap's two-sided interval: within noise while it reaches 0
 ONE_SEED_GAP = 0.05  # nats: with one choosing seed, no spread: a closer rate is within noise
 
@@ -77,3 +87,38 @@ def near_text(side: str, near: list) -> str:
     parts = [f"{what + ': ' if what else ''}lr {lr:g} within noise of lr {other:g} ({gap:+.3g} nats on the "
              f"choosing seeds)" for what, lr, other, gap in near]
     return (f"compared at {side}'s chosen rate, not its best: " + "; ".join(parts)) if parts else ""
+
+
+def slipped_rates(cells: pd.DataFrame, others: list[str], choose_on) -> list[tuple[str, float, float, float, float]]:
+    """[(group label, chosen lr, another rate, the fresh seeds' mean at the chosen one, the
+    choosing seeds' mean at the other)] where the fresh seeds at the chosen rate score worse than
+    the choosing seeds did at the other rate, by Welch's one-sided t-test at ONE_SIDED_ALPHA."""
+    out = []
+    groups = cells.groupby(others, dropna=False, sort=True) if others else [((), cells)]
+    for values, group in groups:
+        score = pd.to_numeric(group["scored_loss"], errors="coerce")
+        lr = group["lr"].astype(float)
+        choosing = group["seed"].isin(list(choose_on))
+        means = score[choosing].groupby(lr[choosing]).mean().dropna()
+        if len(means) < 2:
+            continue
+        chosen = float(means.idxmin())
+        fresh = score[~choosing & np.isclose(lr, chosen, rtol=1e-9)].dropna().to_numpy(dtype=float)
+        label = ", ".join(f"{ax} {v}" for ax, v in zip(others, values if isinstance(values, tuple) else (values,)))
+        for other in means.index:
+            swept = score[choosing & np.isclose(lr, other, rtol=1e-9)].dropna().to_numpy(dtype=float)
+            if other == chosen or fresh.size < 2 or swept.size < 2 or not (fresh.std() > 0 or swept.std() > 0):
+                continue
+            p = stats.ttest_ind(fresh, swept, equal_var=False, alternative="greater").pvalue
+            if p < ONE_SIDED_ALPHA:
+                out.append((label, chosen, float(other), float(fresh.mean()), float(swept.mean())))
+    return out
+
+
+def slipped_text(side: str, slips: list) -> str:
+    """"b's chosen rate did not hold on the fresh seeds: lr 0.01 scored 2.2 there, against 2.01 at
+    lr 0.003 on the choosing seeds"."""
+    parts = [f"{what + ': ' if what else ''}lr {lr:g} scored {fresh:.3g} there, against {swept:.3g} at lr {other:g} on "
+             "the choosing seeds" for what, lr, other, fresh, swept in slips]
+    return (f"{side}'s chosen rate did not hold on the fresh seeds, so {side} is not at its best rate: "
+            + "; ".join(parts)) if parts else ""

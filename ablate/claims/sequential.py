@@ -56,8 +56,8 @@ from ablate.claims import decide
 from ablate.claims.claim_checks import CLAUSE_LETTERS
 from ablate.claims.claim_file import Claim, Clause, SWEEP_SEEDS
 from ablate.claims.claim_measures import Context, MEASURES
-from ablate.claims.claim_report import SEQUENTIAL, best_rates, clause_json, estimand_of, verdict_json, waiting
-from ablate.claims.rate_choice import CHOSEN_NOT_BEST
+from ablate.claims.claim_report import (SEQUENTIAL, best_rates, clause_json, estimand_of, rate_caveat, verdict_json,
+                                         waiting)
 from ablate.claims.spending import LOOKS, MAX_POWER_SEEDS, POWER_AT, boundaries, continued, nominal_levels, power
 from ablate.claims.verdict import AGREES, CANNOT_TELL, DISAGREES, Result, SMALLER, compare, headline, run_test
 
@@ -233,7 +233,7 @@ def _clause_decision(j: int, clause: Clause, results: list[Result], path: list[L
                        rates=rates,
                        estimand=estimand_of(results))
     c.waits_for = waiting(shown, path[-1].nominal_level) if path and status == CANNOT_TELL else []
-    c.why = _why(c, results, looks) + (f"; {CHOSEN_NOT_BEST}" if any(r.near for r in results) else "")
+    c.why = _why(c, results, looks) + rate_caveat(results)
     if not c.decided:
         have = _units(results)
         later = [n for n in looks if n > max(have, path[-1].n_seeds if path else 0)]

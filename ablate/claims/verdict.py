@@ -23,7 +23,7 @@ from ablate.claims.claim_file import Claim, Clause, Compare, NON_INFERIORITY, SW
 from ablate.claims.claim_measures import (COUNTS_DIVERGED, Context, MEASURES, Measure, MeasureUnavailable,
                                           first_nonfinite_step, values_by_key)
 from ablate.claims.design_checks import judged
-from ablate.claims.rate_choice import near_rates, open_axes
+from ablate.claims.rate_choice import near_rates, open_axes, slipped_rates
 from ablate.claims.selection import COLUMN_OF, SelectionError, select
 from ablate.core.rundir import DIVERGED
 
@@ -77,6 +77,7 @@ class Result:
     spread: tuple | None = None  # (sd, df) pooled across comparable cells
     sweep_seeds: tuple = ()  # best rate: the seeds that chose the rates (not tested)
     near: dict = field(default_factory=dict)  # side -> [(what, chosen lr, a rate within noise, gap)] (rate_choice)
+    slips: dict = field(default_factory=dict)  # side -> [(what, chosen lr, other lr, fresh mean, its mean)] (rate_choice)
 
     @property
     def n_pairs(self) -> int:
@@ -301,11 +302,12 @@ def compare(ctx: Context, c: Compare, alpha: float, alpha_power: float) -> Resul
         sides = {"a": metrics[select(metrics, c.selector("a"))]}
         if c.b is not None:
             sides["b"] = metrics[select(metrics, c.selector("b"))]
-        best, sweep, near = {}, (), {}
+        best, sweep, near, slips = {}, (), {}, {}
         if c.best_lr:
             sweep = sweep_seeds(sides)
             for side in list(sides):
                 near[side] = near_rates(sides[side], open_axes(sides[side], ctx.runs.varying_axes), sweep)
+                slips[side] = slipped_rates(sides[side], open_axes(sides[side], ctx.runs.varying_axes), sweep)
                 sides[side], best[side] = at_best_lr(sides[side], ctx.runs.varying_axes, choose_on=sweep)
         key_axes = pairing_axes(ctx.runs, c, m, *sides.values())
         missing = {side: {} for side in sides}
@@ -320,7 +322,8 @@ def compare(ctx: Context, c: Compare, alpha: float, alpha_power: float) -> Resul
     outcomes = {side: dict(Counter(cells["outcome"])) for side, cells in sides.items()
                 if "outcome" in cells and not (pd.to_numeric(cells.get("planned_steps"), errors="coerce") <= 1).all()}
     base = Result(c, m.unit, tuple(keys), tuple(a[keys]), tuple(b[keys]), None, outcomes, best, missing,
-                  sweep_seeds=tuple(sweep), near={side: v for side, v in near.items() if v})
+                  sweep_seeds=tuple(sweep), near={side: v for side, v in near.items() if v},
+                  slips={side: v for side, v in slips.items() if v})
     if not keys:
         none = ("no fresh seeds (seeds beyond the sweep's, at the chosen rates): cannot tell on the seeds that "
                 "chose the rates" if c.best_lr else
