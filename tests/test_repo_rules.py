@@ -19,9 +19,10 @@ RUN_FOLDER_MODULES = ("ablate.core", "ablate.core.rundir", "ablate.core.errors",
 # The declarations analysis shares with the engine, standard library only by their own rule
 # (ablate/core/registry.py: the one Registry; ablate/core/variant_axes.py: the variant axes, declared once;
 # ablate/core/cores.py: the cores this process may use; ablate/core/probe_registry.py: the probes, declared once;
-# ablate/core/bounded_read.py: the one reader of JSON and TOML files, and its size caps).
+# ablate/core/bounded_read.py: the one reader of JSON and TOML files, and its size caps;
+# ablate/core/collapse.py: the rule that calls a run dead, read by the outcome and the early stop).
 SHARED_DECLARATIONS = ("ablate.core.registry", "ablate.core.variant_axes", "ablate.core.cores",
-                       "ablate.core.probe_registry", "ablate.core.bounded_read")
+                       "ablate.core.probe_registry", "ablate.core.bounded_read", "ablate.core.collapse")
 # Judging a claim reads run folders as analysis does (ablate/claims/: the tests, the verdict, the
 # looks' decisions, the reports and plots): the same rule holds for those modules.
 CLAIM_JUDGING = ("claim_file", "claim_checks", "claim_measures", "claim_plots", "claim_report", "decide",
@@ -31,7 +32,7 @@ CLAIM_JUDGING = ("claim_file", "claim_checks", "claim_measures", "claim_plots", 
 MIRRORED = {"ablate": REPO / "ablate", "analysis": REPO / "analysis", "variants": REPO / "variants",
             "helpers": REPO / "tests" / "helpers"}
 STANDARD_LIBRARY_ONLY = (r"^(?:from|import) (?!__future__|dataclasses|typing|collections|os\b|ablate\.core\.registry\b"
-                         r"|ablate\.core\.errors\b|errno\b|json\b|math\b|stat\b|sys\b|tomllib\b|pathlib\b)")
+                         r"|ablate\.core\.errors\b|errno\b|json\b|math\b|re\b|stat\b|sys\b|tomllib\b|pathlib\b)")
 
 
 def private_imports(root: Path) -> list[str]:
