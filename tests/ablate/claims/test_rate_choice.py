@@ -89,7 +89,7 @@ def test_a_best_rate_chosen_right_is_rarely_called_slipped():
     from ablate.claims.rate_choice import slipped_rates
 
     rng = np.random.default_rng(3)
-    curve, flagged, n = {1e-3: 2.20, 3e-3: 2.00, 1e-2: 2.03}, 0, 400
+    curve, flagged, n = {1e-3: 2.20, 3e-3: 2.00, 1e-2: 2.03}, 0, 200
     for _ in range(n):
         seed_effect = rng.normal(0.0, 0.05, 12)
         scores = {(s, lr): mean + seed_effect[s] + rng.normal(0.0, 0.03) for s in range(3) for lr, mean in curve.items()}

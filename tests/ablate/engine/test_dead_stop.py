@@ -69,7 +69,7 @@ def _cell(**extra):
     from ablate.engine.cell import Cell
 
     # Post-norm, 12 blocks, lr 1e-2 without warmup: dead within about ten steps (issue 52).
-    return Cell.from_options({"norm": "post", "layers": 12, "lr": 1e-2, "steps": 40, "eval_every": 20,
+    return Cell.from_options({"norm": "post", "layers": 12, "lr": 1e-2, "steps": 30, "eval_every": 20,
                               "eval_batches": 1, "final_eval_batches": 2, "probe_every": 5, **extra})
 
 
@@ -80,16 +80,15 @@ def _metrics(run_dir):
 def test_a_dead_run_stops_early_and_its_outcome_is_dead_with_the_same_steps_before_the_stop(tmp_path):
     from ablate.engine.train import train
 
-    stopping, full = _cell(stop_dead=8), _cell()
-    summary = train(stopping, tmp_path / "stop")
-    assert summary["status"] == "completed" and summary["steps"] < 40
+    summary = train(_cell(stop_dead=8), tmp_path / "stop")
+    assert summary["status"] == "completed" and summary["steps"] < 30
     assert summary["stopped_dead_at_step"] == summary["steps"] - 1
     rows = _metrics(tmp_path / "stop")
     steps = pd.DataFrame(rows)
     entropy = json.loads((tmp_path / "stop" / "config.json").read_text())["data"]["unigram_entropy"]
     outcome = outcome_of(summary["status"], summary["final_val_loss"], entropy)
     assert outcome == PLATEAUED and failure_kind(outcome, steps) == DEAD
-    train(full, tmp_path / "full", plan=None)
+    train(_cell(), tmp_path / "full")  # the same run without stop_dead
     same = _metrics(tmp_path / "full")[:len(rows) - 1]  # the stop's last row carries the final evaluation
     drop = ("time_s", "tokens_per_s")
     assert [{k: v for k, v in r.items() if k not in drop} for r in rows[:-1]] == \
