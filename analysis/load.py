@@ -26,6 +26,7 @@ from ablate.core.bounded_read import (LINE_BYTES, LISTING_BYTES, STATE_BYTES, Un
 # Re-exported for the rest of analysis (DONE, FINISHED, SETTING_KEYS, SUMMARY).
 from ablate.core.rundir import (CONFIG, DONE, FINISHED, GRID_JSON, METRICS, RUNNING, SETTING_KEYS, SUMMARY,  # noqa: F401
                                 identity_keys, summary_status)
+from ablate.core.probe_registry import layer_keys
 from ablate.core.variant_axes import AXES, VALUE_BEFORE_IT_EXISTED
 
 # The axes of a block variant (ablate/core/variant_axes.py; docs/variants.md); config.json's `variant` holds one value for each.
@@ -103,9 +104,7 @@ class Runs:
 
 def layer_columns(frame: pd.DataFrame, metric: str) -> list[str]:
     """`metric/layer_{i}` columns (the whole-layer ones, not /attn, /mlp, /norm) by layer."""
-    pattern = re.compile(rf"^{re.escape(metric)}/layer_(\d+)$")
-    found = [(int(m.group(1)), c) for c in frame.columns if (m := pattern.match(str(c)))]
-    return [c for _, c in sorted(found)]
+    return layer_keys(frame.columns, metric)
 
 
 class DamagedFile(ValueError):

@@ -38,13 +38,13 @@ trains, seed 100), so the probes only confirm a collapse the gradients show.
 from __future__ import annotations
 
 import math
-import re
 
 import numpy as np
 
 from ablate.core.collapse import (COLLAPSED_COS, DEAD_GRAD_DECADES, GRAD_FLOOR, PLATEAU_MARGIN,  # noqa: F401
                                   UNIFORM_ATTENTION_SHARE, grad_reach, gradients_dead, on_plateau,
                                   same_representations, uniform_attention)
+from ablate.core.probe_registry import layer_keys
 from ablate.core.rundir import COMPLETED as STATUS_COMPLETED, DIVERGED as STATUS_DIVERGED
 
 TRAINED, PLATEAUED, DIVERGED, FAILED = "trained", "plateaued", "diverged", "failed"
@@ -156,6 +156,4 @@ def _last(steps, columns: list[str]):
 
 def _layers(steps, metric: str) -> list[str]:
     """`metric/layer_{i}` columns (no part), in layer order."""
-    pattern = re.compile(rf"^{re.escape(metric)}/layer_(\d+)$")
-    found = [(int(m.group(1)), c) for c in getattr(steps, "columns", []) if (m := pattern.match(str(c)))]
-    return [c for _, c in sorted(found)]
+    return layer_keys(getattr(steps, "columns", []), metric)

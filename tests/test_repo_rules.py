@@ -32,6 +32,7 @@ CLAIM_JUDGING = ("claim_file", "claim_checks", "claim_measures", "claim_plots", 
 MIRRORED = {"ablate": REPO / "ablate", "analysis": REPO / "analysis", "variants": REPO / "variants",
             "helpers": REPO / "tests" / "helpers"}
 STANDARD_LIBRARY_ONLY = (r"^(?:from|import) (?!__future__|dataclasses|typing|collections|os\b|ablate\.core\.registry\b"
+                         r"|ablate\.core\.probe_registry\b"
                          r"|ablate\.core\.errors\b|errno\b|json\b|math\b|re\b|stat\b|sys\b|tomllib\b|pathlib\b)")
 
 

@@ -59,6 +59,11 @@ def within_noise(scores: np.ndarray) -> tuple[int, list[tuple[int, float, float]
     return chosen, near
 
 
+def group_label(others: list[str], values) -> str:
+    """An arm's group in words, "ax value, ax value" (values: a groupby key over `others`)."""
+    return ", ".join(f"{ax} {v}" for ax, v in zip(others, values if isinstance(values, tuple) else (values,)))
+
+
 def open_axes(cells: pd.DataFrame, varying: list[str]) -> list[str]:
     """The axes an arm leaves open beside seed and lr: each value of them gets its own best rate."""
     return [ax for ax in varying if ax not in ("seed", "lr") and ax in cells and cells[ax].nunique(dropna=False) > 1]
@@ -76,7 +81,7 @@ def near_rates(cells: pd.DataFrame, others: list[str], choose_on) -> list[tuple[
         if table.empty or table.shape[1] < 2 or table.isna().all().all():
             continue
         chosen, near = within_noise(table.to_numpy(dtype=float))
-        label = ", ".join(f"{ax} {v}" for ax, v in zip(others, values if isinstance(values, tuple) else (values,)))
+        label = group_label(others, values)
         rates = list(table.columns)
         out += [(label, float(rates[chosen]), float(rates[j]), gap) for j, gap, _ in near]
     return out
@@ -89,29 +94,28 @@ def near_text(side: str, near: list) -> str:
     return (f"compared at {side}'s chosen rate, not its best: " + "; ".join(parts)) if parts else ""
 
 
-def slipped_rates(cells: pd.DataFrame, others: list[str], choose_on) -> list[tuple[str, float, float, float, float]]:
+def slipped_rates(cells: pd.DataFrame, others: list[str], choose_on, chosen: dict[str, float]) -> list[tuple]:
     """[(group label, chosen lr, another rate, the fresh seeds' mean at the chosen one, the
     choosing seeds' mean at the other)] where the fresh seeds at the chosen rate score worse than
-    the choosing seeds did at the other rate, by Welch's one-sided t-test at ONE_SIDED_ALPHA."""
+    the choosing seeds did at the other rate, by Welch's one-sided t-test at ONE_SIDED_ALPHA.
+    `chosen`: each group's rate as verdict.at_best_lr chose it, by group_label."""
     out = []
     groups = cells.groupby(others, dropna=False, sort=True) if others else [((), cells)]
     for values, group in groups:
+        label = group_label(others, values)
+        if label not in chosen:
+            continue
         score = pd.to_numeric(group["scored_loss"], errors="coerce")
         lr = group["lr"].astype(float)
         choosing = group["seed"].isin(list(choose_on))
-        means = score[choosing].groupby(lr[choosing]).mean().dropna()
-        if len(means) < 2:
-            continue
-        chosen = float(means.idxmin())
-        fresh = score[~choosing & np.isclose(lr, chosen, rtol=1e-9)].dropna().to_numpy(dtype=float)
-        label = ", ".join(f"{ax} {v}" for ax, v in zip(others, values if isinstance(values, tuple) else (values,)))
-        for other in means.index:
+        fresh = score[~choosing & np.isclose(lr, chosen[label], rtol=1e-9)].dropna().to_numpy(dtype=float)
+        for other in sorted(set(lr[choosing]) - {chosen[label]}):
             swept = score[choosing & np.isclose(lr, other, rtol=1e-9)].dropna().to_numpy(dtype=float)
-            if other == chosen or fresh.size < 2 or swept.size < 2 or not (fresh.std() > 0 or swept.std() > 0):
+            if fresh.size < 2 or swept.size < 2 or not (fresh.std() > 0 or swept.std() > 0):
                 continue
             p = stats.ttest_ind(fresh, swept, equal_var=False, alternative="greater").pvalue
             if p < ONE_SIDED_ALPHA:
-                out.append((label, chosen, float(other), float(fresh.mean()), float(swept.mean())))
+                out.append((label, chosen[label], float(other), float(fresh.mean()), float(swept.mean())))
     return out
 
 

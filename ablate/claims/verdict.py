@@ -23,7 +23,7 @@ from ablate.claims.claim_file import Claim, Clause, Compare, NON_INFERIORITY, SW
 from ablate.claims.claim_measures import (COUNTS_DIVERGED, Context, MEASURES, Measure, MeasureUnavailable,
                                           first_nonfinite_step, values_by_key)
 from ablate.claims.design_checks import judged
-from ablate.claims.rate_choice import near_rates, open_axes, slipped_rates
+from ablate.claims.rate_choice import group_label, near_rates, open_axes, slipped_rates
 from ablate.claims.selection import COLUMN_OF, SelectionError, select
 from ablate.core.rundir import DIVERGED
 
@@ -305,10 +305,11 @@ def compare(ctx: Context, c: Compare, alpha: float, alpha_power: float) -> Resul
         best, sweep, near, slips = {}, (), {}, {}
         if c.best_lr:
             sweep = sweep_seeds(sides)
-            for side in list(sides):
-                near[side] = near_rates(sides[side], open_axes(sides[side], ctx.runs.varying_axes), sweep)
-                slips[side] = slipped_rates(sides[side], open_axes(sides[side], ctx.runs.varying_axes), sweep)
-                sides[side], best[side] = at_best_lr(sides[side], ctx.runs.varying_axes, choose_on=sweep)
+            for side, cells in list(sides.items()):
+                others = open_axes(cells, ctx.runs.varying_axes)
+                near[side] = near_rates(cells, others, sweep)
+                sides[side], best[side] = at_best_lr(cells, ctx.runs.varying_axes, choose_on=sweep)
+                slips[side] = slipped_rates(cells, others, sweep, {what: lr for what, lr, _ in best[side]})
         key_axes = pairing_axes(ctx.runs, c, m, *sides.values())
         missing = {side: {} for side in sides}
         values = {side: values_by_key(ctx, cells, key_axes, m, c.params, missing[side])
@@ -435,8 +436,7 @@ def at_best_lr(cells: pd.DataFrame, varying: list[str], choose_on=None) -> tuple
             continue
         lr = float(scores.idxmin())
         rates = sorted(scores.index)
-        label = ", ".join(f"{ax} {v}" for ax, v in zip(others, values if isinstance(values, tuple) else (values,)))
-        picks.append((label, lr, lr in (rates[0], rates[-1])))
+        picks.append((group_label(others, values), lr, lr in (rates[0], rates[-1])))
         testing = group if choose_on is None else group[~group["seed"].isin(list(choose_on))]
         kept.append(testing[np.isclose(testing["lr"].astype(float), lr, rtol=1e-9)])
     return (pd.concat(kept) if kept else cells.iloc[0:0]), picks

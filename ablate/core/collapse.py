@@ -14,8 +14,9 @@ while it sits on the plateau early on, so the probes only confirm what the gradi
 from __future__ import annotations
 
 import math
-import re
 from typing import Mapping
+
+from ablate.core.probe_registry import layer_keys
 
 PLATEAU_MARGIN = 0.2  # nats above (unigram entropy - this) = stuck on the unigram plateau
 # Issue 52: dead post-norm runs end with the first block's gradient 10-17 decades under the top
@@ -67,9 +68,7 @@ def uniform_attention(entropies, context: int) -> bool:
 
 def layer_values(row: Mapping, metric: str) -> list:
     """A row's `metric/layer_{i}` values, in layer order."""
-    pattern = re.compile(rf"^{re.escape(metric)}/layer_(\d+)$")
-    found = [(int(m.group(1)), v) for k, v in row.items() if (m := pattern.match(str(k)))]
-    return [v for _, v in sorted(found)]
+    return [row[k] for k in layer_keys(row, metric)]
 
 
 def _finite(values) -> bool:
@@ -91,12 +90,21 @@ def probes_confirm(row: Mapping, context: int | None) -> bool | None:
     return any(evidence) if evidence else None
 
 
+def read_row(row: Mapping, unigram_entropy, context: int | None) -> tuple[bool, bool | None] | None:
+    """One metrics row read by the rule (module docstring): None for a row without per-layer
+    gradient norms (a step not logged); else (whether it is a dead run's, what its stability
+    probes say: probes_confirm)."""
+    grads = layer_values(row, "grad_norm")
+    if len(grads) < 2:
+        return None
+    probes = probes_confirm(row, context)
+    dead = (on_plateau(row.get("loss"), unigram_entropy) and gradients_dead(grad_reach(grads[0], grads[-1]))
+            and probes is not False)
+    return dead, probes
+
+
 def row_dead(row: Mapping, unigram_entropy, context: int | None) -> bool:
     """Whether one logged metrics row (its loss, its per-layer gradient norms and, on a probe
-    step, its stability probes) is a dead run's (module docstring)."""
-    if not on_plateau(row.get("loss"), unigram_entropy):
-        return False
-    grads = layer_values(row, "grad_norm")
-    if len(grads) < 2 or not gradients_dead(grad_reach(grads[0], grads[-1])):
-        return False
-    return probes_confirm(row, context) is not False
+    step, its stability probes) is a dead run's."""
+    read = read_row(row, unigram_entropy, context)
+    return read is not None and read[0]

@@ -13,8 +13,9 @@ when it is imported (`check_attached`).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from ablate.core.registry import Registry
 
@@ -53,6 +54,14 @@ class Probe:
         if not self.per_layer:
             return [self.name]
         return [f"{self.name}/layer_{i}" + (f"/{p}" if p else "") for i in range(n_layer) for p in self.parts or ("",)]
+
+
+def layer_keys(names: Iterable, metric: str) -> list[str]:
+    """The names among `names` (a metrics row's keys, a frame's columns) that are a per-layer
+    probe's whole-layer values, `metric/layer_{i}` without a part, in layer order."""
+    pattern = re.compile(rf"^{re.escape(metric)}/layer_(\d+)$")
+    found = [(int(m.group(1)), str(n)) for n in names if (m := pattern.match(str(n)))]
+    return [n for _, n in sorted(found)]
 
 
 PROBES: Registry[Probe] = Registry("probe")

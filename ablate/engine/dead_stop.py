@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ablate.core.collapse import layer_values, probes_confirm, row_dead
+from ablate.core.collapse import read_row
 from ablate.core.errors import ConfigError
 
 
@@ -35,12 +35,13 @@ class DeadWatch:
     def stops(self, step: int, row: dict) -> bool:
         """Whether the run stops after `step`, whose metrics are `row` (loss and probes): rows
         without per-layer gradient norms (steps not logged) leave the watch as it was."""
-        if len(layer_values(row, "grad_norm")) < 2:
-            return False
         # No context: the probes' evidence the outcome reads (analysis/metrics.py calls
         # failure_kind without one), the representations' test alone.
-        probes = probes_confirm(row, None)
-        if not row_dead(row, self.unigram_entropy, None):
+        read = read_row(row, self.unigram_entropy, None)
+        if read is None:
+            return False
+        dead, probes = read
+        if not dead:
             self.since, self.confirmed = None, False
             return False
         if self.since is None:

@@ -585,7 +585,7 @@ def _train(cell, plan: RunPlan, forms: dict[str, str | None], quiet: bool,
                 status = DIVERGED
             if last:
                 break
-            if not last and ((step + 1) % cfg.checkpoint_every == 0 or signals):
+            if (step + 1) % cfg.checkpoint_every == 0 or signals:
                 state.elapsed = time.perf_counter() - clock0
                 _save_checkpoint(run_dir / CHECKPOINT, model, opt, step + 1,
                                  {"first_loss": state.first_loss, "elapsed": state.elapsed,
