@@ -110,6 +110,7 @@ def plan_run(cell, execution=None, run_dir: str | Path | None = None) -> RunPlan
     device = pick_device(cfg)
     size, data = _size_and_data(cfg)
     check_data_fits(data, cfg.context)
+    dead_watch(cfg, data.unigram_entropy)  # refuses stop_dead on data without the plateau's loss
 
     amp = autocast_dtype(cfg, device)
     ops = get_backend(cfg.kernels, str(device), shape=step_shape(cfg, size, amp))

@@ -119,3 +119,19 @@ def test_cells_that_stop_dead_runs_are_never_packed():
 
     cells = [_cell(seed=s, stop_dead=8) for s in range(2)] + [_cell(seed=s) for s in range(2)]
     assert [len(p) for p in group_packs(cells, 4)] == [1, 1, 2]
+
+
+def test_stop_dead_on_token_shards_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    import numpy as np
+
+    from ablate.cli import main
+    from ablate.engine.data import write_shard
+
+    monkeypatch.setenv("ABLATE_CACHE", str(tmp_path / "cache"))
+    write_shard(tmp_path / "data.bin", np.random.default_rng(0).integers(0, 300, size=5000).astype(np.uint16))
+    out = tmp_path / "runs"
+    assert main(["train", "--data", str(tmp_path / "data.bin"), "--stop-dead", "5", "--steps", "2",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "stop_dead 5 needs the data's unigram entropy" in err and err.strip().count("\n") == 0
+    assert not out.exists()
