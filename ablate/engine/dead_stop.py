@@ -24,6 +24,9 @@ from ablate.core.collapse import read_row
 from ablate.core.errors import ConfigError
 
 
+WATCH_KEYS = ("dead_since", "dead_confirmed")  # the watch's state in a checkpoint
+
+
 @dataclass
 class DeadWatch:
     after: int  # stop_dead: the steps a run must have been dead for
@@ -50,10 +53,11 @@ class DeadWatch:
         return step - self.since >= self.after and (self.confirmed or not self.probed)
 
     def state(self) -> dict:
-        return {"dead_since": self.since, "dead_confirmed": self.confirmed}
+        return dict(zip(WATCH_KEYS, (self.since, self.confirmed)))
 
     def restore(self, saved: dict) -> None:
-        self.since, self.confirmed = saved.get("dead_since"), bool(saved.get("dead_confirmed", False))
+        since, confirmed = (saved.get(k) for k in WATCH_KEYS)
+        self.since, self.confirmed = since, bool(confirmed)
 
 
 def dead_watch(cfg, unigram_entropy) -> DeadWatch | None:

@@ -32,7 +32,7 @@ from ablate.core.rundir import (CHECKPOINT, COMPLETED, CONFIG, DIVERGED, METRICS
 from ablate.engine import fpmode, plugins
 from ablate.engine.config import IDENTITY_KEYS, NOT_COMPARED, OPTIONS, TrainConfig
 from ablate.engine.data import TokenData, load_data
-from ablate.engine.dead_stop import dead_watch
+from ablate.engine.dead_stop import WATCH_KEYS, dead_watch
 from ablate.engine.lr import lr_at
 from ablate.engine.model import GPT, build_model
 from ablate.engine.probes import Probes
@@ -629,7 +629,7 @@ def _resume(plan: RunPlan, model: GPT, opt) -> RunState:
         opt.load_state_dict(ckpt["optimizer"])
         torch.set_rng_state(ckpt["torch_rng"])
         state.start, state.first_loss, state.elapsed = ckpt["step"], ckpt["first_loss"], ckpt["elapsed"]
-        state.watch = {k: ckpt[k] for k in ("dead_since", "dead_confirmed") if k in ckpt}
+        state.watch = {k: ckpt[k] for k in WATCH_KEYS if k in ckpt}
     state.recent = _keep_metrics_before(metrics, state.start)
     state.missing = missing_logged_steps(metrics, state.start, plan.cfg.log_every) if state.start else []
     if state.missing:
