@@ -25,8 +25,8 @@ SHARED_DECLARATIONS = ("ablate.core.registry", "ablate.core.variant_axes", "abla
                        "ablate.core.probe_registry", "ablate.core.bounded_read", "ablate.core.collapse")
 # Judging a claim reads run folders as analysis does (ablate/claims/: the tests, the verdict, the
 # looks' decisions, the reports and plots): the same rule holds for those modules.
-CLAIM_JUDGING = ("claim_file", "claim_checks", "claim_measures", "claim_plots", "claim_report", "decide",
-                 "decision_report", "design_checks", "rate_choice", "selection", "sequential", "spending", "verdict")
+CLAIM_JUDGING = ("best_rate_bounds", "claim_file", "claim_checks", "claim_measures", "claim_plots", "claim_report",
+                 "decide", "decision_report", "design_checks", "rate_choice", "selection", "sequential", "spending", "verdict")
 # Each folder of tests/ that mirrors a source folder: tests/ablate/grid/test_runner.py tests
 # ablate/grid/runner.py. (The tests of several modules at once sit at the top of tests/.)
 MIRRORED = {"ablate": REPO / "ablate", "analysis": REPO / "analysis", "variants": REPO / "variants",

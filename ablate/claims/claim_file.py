@@ -55,6 +55,10 @@ The rules (ablate/claims/decide.py and ablate/claims/sequential.py apply them):
               at the chosen rates on FRESH seeds only: testing on the seeds that chose the rate
               favours the arm with the flatter basin (the winner's curse). Without fresh seeds the
               comparison says so and cannot tell. A rate at either end of the sweep is flagged.
+              A swept rate within noise of a chosen one, or one a chosen rate slipped against on
+              the fresh seeds, is tested on the fresh seeds too, and the comparison must be shown
+              at every pairing of such rates that could hold the arms' best (intersection-union;
+              ablate/claims/best_rate_bounds.py).
   failed runs a plateaued or diverged cell is a failed training run (analysis/outcomes.py): loss
               measures score a completed run as min(loss, unigram entropy) and a diverged one the
               entropy, a score without a jump; failure measures count it; a cell that did not

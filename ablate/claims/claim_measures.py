@@ -77,6 +77,10 @@ class Measure:
     # The `params` keys it reads (a claim naming another is refused as it loads); None: undeclared
     # (a plugin's measure), any key passes.
     params: tuple | None = None
+    # Its value is the cell's scored loss, what a best rate is chosen by: an arm at any rate scores
+    # no better than at its best, so a best-rate test moves one arm's rates at a time
+    # (ablate/claims/best_rate_bounds.py); else it reads every pairing of both arms' rates.
+    minimised_by_best_rate: bool = False
 
 
 MEASURES: Registry[Measure] = Registry("measure")
@@ -85,7 +89,7 @@ TESTS = ("t", "binary", "exact")
 
 def measure(name: str, unit: str, description: str, test: str = "t", consumes: tuple = (),
             requires: dict | None = None, higher_is_worse: bool = True, stability: bool = False,
-            params: tuple | None = ()):
+            params: tuple | None = (), minimised_by_best_rate: bool = False):
     """Register a measure under `name` (see the module docstring)."""
     if test not in TESTS:
         raise ValueError(f"test {test!r}; valid: {', '.join(TESTS)}")
@@ -93,7 +97,8 @@ def measure(name: str, unit: str, description: str, test: str = "t", consumes: t
     def register(fn):
         MEASURES.register(name, Measure(name, fn, unit, test, tuple(consumes), description, per_cell=not consumes,
                                         requires=dict(requires or {}), higher_is_worse=higher_is_worse,
-                                        stability=stability, params=params),
+                                        stability=stability, params=params,
+                                        minimised_by_best_rate=minimised_by_best_rate),
                           origin=fn.__module__)
         return fn
 
@@ -170,7 +175,8 @@ def _outcome(cell) -> str:
 
 
 @measure("final_val_loss", "nats", "validation loss at the end of training (summary.json final_val_loss); a "
-         "failed training run (plateaued or diverged) scores the unigram entropy: " + SCORING_RULE)
+         "failed training run (plateaued or diverged) scores the unigram entropy: " + SCORING_RULE,
+         minimised_by_best_rate=True)
 def final_val_loss(ctx, cell, params) -> float:
     _outcome(cell)
     return float(cell["scored_loss"])

@@ -16,7 +16,8 @@ from ablate.claims.claim_checks import CLAUSE_LETTERS as LETTERS  # a claim has 
 from ablate.claims.claim_file import Claim
 from ablate.claims.claim_measures import Context
 from ablate.claims.decide import ESTIMANDS, SPREAD_UPPER_LEVEL, z_of
-from ablate.claims.rate_choice import CHOSEN_NOT_BEST, SLIPPED, near_text, slipped_text
+from ablate.claims.best_rate_bounds import rivals_text
+from ablate.claims.rate_choice import NEAR_BEST, SLIPPED, near_text, slipped_text
 from ablate.claims.spending import LOOKS, fixed_after_decide
 from ablate.claims.verdict import (CANNOT_TELL, CORRECTION, DISAGREES, ClauseResult, Result, Verdict, conjunction,
                                    evaluate, headline_status, outcome_counts)
@@ -126,6 +127,8 @@ def _side_notes(r: Result) -> list[str]:
         notes.append("**best lr at the edge of the sweep**")
     notes += [near_text(side, r.near[side]) for side in ("a", "b") if r.near.get(side)]
     notes += [slipped_text(side, r.slips[side]) for side in ("a", "b") if r.slips.get(side)]
+    if r.rivals:
+        notes.append(rivals_text(r.rivals))
     return notes
 
 
@@ -235,7 +238,7 @@ def clause_json(letter: str, clause, status: str, why: str, line: str, level: fl
             "decided": status != CANNOT_TELL, "why": why, "line": line, "level": level, "p_agree": p_agree,
             "p_futile": p_futile, "p_adjusted": p_adjusted, "smaller_than_claimed": smaller,
             "estimand": estimand_of(comparisons),
-            "seeds_used": seeds_used, "waits_for": list(waits_for), "chosen_not_best": any(r.near for r in comparisons),
+            "seeds_used": seeds_used, "waits_for": list(waits_for), "near_best": any(r.near or r.slips for r in comparisons),
             "rates": best_rates(comparisons), "next_seeds": list(next_seeds or []), "needs": list(needs),
             "looks": [look_json(lk) for lk in looks], "comparisons": [comparison_json(r) for r in comparisons]}
 
@@ -257,6 +260,7 @@ def comparison_json(r: Result) -> dict:
             "per_seed": list(r.seed_values), "sweep_seeds": list(r.sweep_seeds), "test": stat_test_json(r),
             "seeds_needed": r.seeds_needed, "seeds_needed_upper": r.seeds_needed_upper,
             "best_lr": {s: [[w, lr, e] for w, lr, e in p] for s, p in r.best.items()}, "outcomes": r.outcomes,
+            "other_pairings": [[list(x) for x in v.rates] for v in r.rivals],
             "missing": {s: len(m) for s, m in r.missing.items()}, "note": r.note,
             "near_rates": {s: [list(x) for x in v] for s, v in r.near.items()},
             "slipped_rates": {s: [list(x) for x in v] for s, v in r.slips.items()}}
@@ -279,7 +283,7 @@ def rate_caveat(results) -> str:
     seeds, else one within noise of another swept rate (rate_choice), else nothing."""
     if any(r.slips for r in results):
         return f"; {SLIPPED}"
-    return f"; {CHOSEN_NOT_BEST}" if any(r.near for r in results) else ""
+    return f"; {NEAR_BEST}" if any(r.near for r in results) else ""
 
 
 def estimand_of(results) -> str:

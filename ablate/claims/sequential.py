@@ -252,7 +252,9 @@ def _at_look(r: Result, look: Look) -> Result:
     keep = [i for i, k in enumerate(r.keys) if k[0] in used]
     return replace(r, keys=tuple(r.keys[i] for i in keep), a=tuple(r.a[i] for i in keep),
                    b=tuple(r.b[i] for i in keep), seed_ids=r.seed_ids[:look.n_seeds],
-                   seed_values=r.seed_values[:look.n_seeds], test=run_test(r, look.nominal_level, look.n_seeds))
+                   seed_values=r.seed_values[:look.n_seeds], test=run_test(r, look.nominal_level, look.n_seeds),
+                   rivals=tuple(replace(v, seed_ids=v.seed_ids[:look.n_seeds], seed_values=v.seed_values[:look.n_seeds])
+                                for v in r.rivals))
 
 
 def _why(c: ClauseDecision, results: list[Result], looks: tuple) -> str:
@@ -313,11 +315,13 @@ def _needs(results: list[Result], seeds: tuple) -> list:
         c = r.compare
         for side in ("a", "b") if c.b is not None else ("a",):
             selector = {**c.selector(side), "seed": list(seeds)}
-            if c.best_lr and r.best.get(side):
-                rates = sorted({lr for _, lr, _ in r.best[side]})
-                selector["lr"] = rates[0] if len(rates) == 1 else rates
-            if selector not in out:
-                out.append(selector)
+            # A best rate: each group at its near-best rates (best_rate_bounds), the chosen first.
+            groups = r.candidates.get(side, ()) if c.best_lr else ()
+            for group in groups or [None]:
+                need = dict(selector) if group is None else {**selector, **group.selector, "lr": (
+                    group.rates[0] if len(group.rates) == 1 else sorted(group.rates))}
+                if need not in out:
+                    out.append(need)
     return out
 
 

@@ -23,6 +23,8 @@ from ablate.claims.claim_file import Claim, Clause, Compare, NON_INFERIORITY, SW
 from ablate.claims.claim_measures import (COUNTS_DIVERGED, Context, MEASURES, Measure, MeasureUnavailable,
                                           first_nonfinite_step, values_by_key)
 from ablate.claims.design_checks import judged
+from ablate.claims.best_rate_bounds import (MAX_PAIRINGS, Rival, candidates, common_seeds, fresh_at, keep_seeds,
+                                           n_pairings, pairings, rival_rates, worst_of)
 from ablate.claims.rate_choice import group_label, near_rates, open_axes, slipped_rates
 from ablate.claims.selection import COLUMN_OF, SelectionError, select
 from ablate.core.rundir import DIVERGED
@@ -78,6 +80,8 @@ class Result:
     sweep_seeds: tuple = ()  # best rate: the seeds that chose the rates (not tested)
     near: dict = field(default_factory=dict)  # side -> [(what, chosen lr, a rate within noise, gap)] (rate_choice)
     slips: dict = field(default_factory=dict)  # side -> [(what, chosen lr, other lr, fresh mean, its mean)] (rate_choice)
+    candidates: dict = field(default_factory=dict)  # side -> (best_rate_bounds.Candidates, ...)
+    rivals: tuple = ()  # of best_rate_bounds.Rival: the other pairings of near-best rates, on the same seeds
 
     @property
     def n_pairs(self) -> int:
@@ -295,14 +299,16 @@ def _undecided_why(c: ClauseResult) -> str:
 
 def compare(ctx: Context, c: Compare, alpha: float, alpha_power: float) -> Result:
     """One comparison: the sides' cells, each at its best rate if asked (chosen on the sweep's
-    seeds, tested on fresh ones), paired cell by cell, reduced to one value per seed; its test."""
+    seeds, tested on fresh ones, read against every near-best rate: best_rate_bounds), paired
+    cell by cell, reduced to one value per seed; its test."""
     m: Measure = MEASURES[c.measure]
     metrics = ctx.metrics
     try:
         sides = {"a": metrics[select(metrics, c.selector("a"))]}
         if c.b is not None:
             sides["b"] = metrics[select(metrics, c.selector("b"))]
-        best, sweep, near, slips = {}, (), {}, {}
+        full = dict(sides)
+        best, sweep, near, slips, cands = {}, (), {}, {}, {}
         if c.best_lr:
             sweep = sweep_seeds(sides)
             for side, cells in list(sides.items()):
@@ -310,10 +316,12 @@ def compare(ctx: Context, c: Compare, alpha: float, alpha_power: float) -> Resul
                 near[side] = near_rates(cells, others, sweep)
                 sides[side], best[side] = at_best_lr(cells, ctx.runs.varying_axes, choose_on=sweep)
                 slips[side] = slipped_rates(cells, others, sweep, {what: lr for what, lr, _ in best[side]})
+                cands[side] = candidates(cells, others, best[side], near[side], slips[side])
         key_axes = pairing_axes(ctx.runs, c, m, *sides.values())
         missing = {side: {} for side in sides}
         values = {side: values_by_key(ctx, cells, key_axes, m, c.params, missing[side])
                   for side, cells in sides.items()}
+        rivals = _rivals(ctx, c, m, full, cands, sweep, key_axes) if c.best_lr else ()
     except (MeasureUnavailable, SelectionError) as e:
         return Result(c, m.unit, note=str(e))
     a = values["a"]
@@ -324,7 +332,14 @@ def compare(ctx: Context, c: Compare, alpha: float, alpha_power: float) -> Resul
                 if "outcome" in cells and not (pd.to_numeric(cells.get("planned_steps"), errors="coerce") <= 1).all()}
     base = Result(c, m.unit, tuple(keys), tuple(a[keys]), tuple(b[keys]), None, outcomes, best, missing,
                   sweep_seeds=tuple(sweep), near={side: v for side, v in near.items() if v},
-                  slips={side: v for side, v in slips.items() if v})
+                  slips={side: v for side, v in slips.items() if v}, candidates=cands)
+    if rivals is None:
+        return _replace(base, note=f"cannot tell from this design: over {MAX_PAIRINGS} pairings of near-best rates "
+                                   f"({n_pairings(cands, m.minimised_by_best_rate)}); a finer or narrower rate sweep would tell them apart")
+    if rivals:  # every pairing reads the same seeds (best_rate_bounds.common_seeds)
+        kept = set(common_seeds(decide.per_seed(keys, base.a, base.b)[0].tolist(), rivals))
+        keys = [k for k in keys if k[0] in kept]
+        base = _replace(base, keys=tuple(keys), a=tuple(a[keys]), b=tuple(b[keys]))
     if not keys:
         none = ("no fresh seeds (seeds beyond the sweep's, at the chosen rates): cannot tell on the seeds that "
                 "chose the rates" if c.best_lr else
@@ -332,8 +347,9 @@ def compare(ctx: Context, c: Compare, alpha: float, alpha_power: float) -> Resul
         return _replace(base, note=none)
     seeds, per = decide.per_seed(keys, base.a, base.b)
     spread = decide.pooled_sd(_by_design(keys, base.a, base.b))
-    result = _replace(base, seed_ids=tuple(s.item() if hasattr(s, "item") else s for s in seeds),
-                      seed_values=tuple(per), spread=spread)
+    seed_ids = tuple(s.item() if hasattr(s, "item") else s for s in seeds)
+    result = _replace(base, seed_ids=seed_ids, seed_values=tuple(per), spread=spread,
+                      rivals=tuple(keep_seeds(r, list(seed_ids)) for r in rivals))
     test = run_test(result, alpha)
     note = "; ".join(x for x in ("" if test is not None else "no seed to test", _nonfinite_note(ctx, m, sides)) if x)
 
@@ -341,10 +357,36 @@ def compare(ctx: Context, c: Compare, alpha: float, alpha_power: float) -> Resul
                                        seeds_needed_upper=seeds_needed(result, alpha_power, upper=True), note=note))
 
 
+def _rivals(ctx: Context, c: Compare, m: Measure, full: dict, cands: dict, sweep, key_axes) -> tuple | None:
+    """The comparison at every other pairing of near-best rates (best_rate_bounds), each as its
+    seeds' values of a - b; None when there are more than MAX_PAIRINGS."""
+    if n_pairings(cands, m.minimised_by_best_rate) > MAX_PAIRINGS:
+        return None
+    out = []
+    for pairing, end in pairings(cands, m.minimised_by_best_rate):
+        values = {}
+        for side, cells in full.items():
+            at = fresh_at(cells, open_axes(cells, ctx.runs.varying_axes), sweep, side, pairing)
+            values[side] = values_by_key(ctx, at, key_axes, m, c.params, {})
+        a = values["a"]
+        b = values["b"] if c.b is not None else pd.Series({k: c.than for k in a.index}, dtype=float)
+        keys = [k for k in a.index if k in b.index]
+        seeds, per = decide.per_seed(keys, tuple(a[keys]), tuple(b[keys]))
+        out.append(Rival(rival_rates(pairing, cands), tuple(s.item() if hasattr(s, "item") else s for s in seeds),
+                         tuple(per), end))
+    return tuple(out)
+
+
 def run_test(r: Result, level: float, n: int | None = None) -> decide.Test | None:
-    """The comparison's test at a nominal one-sided `level` on its first `n` seeds (all by default)."""
-    c, m = r.compare, MEASURES[r.compare.measure]
-    d = np.asarray(r.seed_values[:n] if n is not None else r.seed_values, dtype=float)
+    """The comparison's test at a nominal one-sided `level` on its first `n` seeds (all by
+    default); a best-rate comparison's is the worst over its pairings of near-best rates."""
+    tests = [_test(r.compare, r.seed_values, level, n)] + [_test(r.compare, v.seed_values, level, n) for v in r.rivals]
+    return worst_of(tests, [v.bounds for v in r.rivals], r.compare.higher)
+
+
+def _test(c: Compare, seed_values, level: float, n: int | None) -> decide.Test | None:
+    m = MEASURES[c.measure]
+    d = np.asarray(seed_values[:n] if n is not None else seed_values, dtype=float)
     if d.size == 0:
         return None
     if m.test == "exact":

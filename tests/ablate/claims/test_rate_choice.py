@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from ablate.claims.claim_file import parse_claim
-from ablate.claims.rate_choice import CHOSEN_NOT_BEST, within_noise
+from ablate.claims.rate_choice import NEAR_BEST, within_noise
 from tests.helpers.synthetic_runs import write_run
 
 SWEEPS = 3000
@@ -62,7 +62,7 @@ def test_the_clause_says_its_rates_are_chosen_not_best_when_a_neighbour_is_withi
                       options={"lr": lr})
     verdict = evaluate(_claim(), tmp_path)
     assert bool(verdict.results[0].near) == flagged
-    assert (CHOSEN_NOT_BEST in clause_line(0, verdict.clauses[0])) == flagged
+    assert (NEAR_BEST in clause_line(0, verdict.clauses[0])) == flagged
 
 
 def _arm(scores_by_seed_rate: dict) -> "pd.DataFrame":
