@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ablate.analysis.stats import ONE_SIDED_ALPHA
-from ablate.claims.best_rate_bounds import Candidates, Rival, pairings
+from ablate.claims.best_rate_bounds import Candidates, Rival, n_pairings, pairings
 from ablate.claims.claim_file import parse_claim
 from ablate.claims.rate_choice import within_noise
 from ablate.claims.sequential import clause_looks, decide_claim
@@ -129,3 +129,15 @@ def test_the_next_look_trains_the_fresh_seeds_at_every_near_best_rate(tmp_path):
            if need.get("norm") == {"a": "post", "b": "pre"}[side]}
     assert lrs == {"a": 3e-3, "b": [3e-3, 1e-2]}
     assert clause.needs[0]["seed"] == list(range(CHOOSING, CHOOSING + LOOKS[1]))
+
+
+def test_groups_an_arm_leaves_open_move_together_one_arm_at_a_time():
+    def two(small, large):
+        return Candidates("width 64", {"width": 64}, small), Candidates("width 384", {"width": 384}, large)
+
+    cands = {"a": two((1e-3, 3e-3), (1e-3,)), "b": two((3e-3, 1e-2), (1e-3, 3e-3))}
+    moving = pairings(cands, monotone=True)
+    assert n_pairings(cands, True) == len(moving) + 1 == 5  # a: 2 rate sets, b: 4, less the chosen each
+    assert {end for at, end in moving if at[("a", "width 64")] != 1e-3} == {"low"}
+    assert all(at[("a", "width 64")] == 1e-3 for at, end in moving if end == "high")
+    assert n_pairings(cands, False) == len(pairings(cands, monotone=False)) + 1 == 8
