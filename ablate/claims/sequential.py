@@ -281,7 +281,10 @@ def _why(c: ClauseDecision, results: list[Result], looks: tuple) -> str:
             return (f"{SMALLER}: shown beyond 0 the claimed way at {last.n_seeds} seeds (z {last.statistic:.2f} >= "
                     f"boundary {last.boundary:.2f}), and no effect as large as {effects} (z "
                     f"{last.futility_statistic:.2f} >= boundary {last.boundary:.2f})")
-        other = last.statistic is not None and last.statistic <= -last.boundary
+        # Read over pairings of near-best rates (best_rate_bounds), a low z says only that some
+        # pairing went the other way, not the arms' best rates: no such words then.
+        other = (last.statistic is not None and last.statistic <= -last.boundary
+                 and not any(r.rivals for r in results))
         which = "shown the other way" if len(results) == 1 else "a comparison shown the other way"
         return (f"no effect as large as {effects} at {last.n_seeds} seeds (z {last.futility_statistic:.2f} >= "
                 f"boundary {last.boundary:.2f})" + (f"; {which} (z {last.statistic:.2f} <= -{last.boundary:.2f})"

@@ -141,3 +141,18 @@ def test_groups_an_arm_leaves_open_move_together_one_arm_at_a_time():
     assert {end for at, end in moving if at[("a", "width 64")] != 1e-3} == {"low"}
     assert all(at[("a", "width 64")] == 1e-3 for at, end in moving if end == "high")
     assert n_pairings(cands, False) == len(pairings(cands, monotone=False)) + 1 == 8
+
+
+def test_a_pairing_that_went_the_other_way_is_not_called_the_best_rates_shown_the_other_way():
+    from ablate.claims.sequential import decide_results
+
+    claim = _claim(effect=0.5)
+    seeds = tuple(range(CHOOSING, CHOOSING + LOOKS[-1]))
+    rng = np.random.default_rng(2)
+    short = tuple(-0.1 + rng.normal(0, 0.01, len(seeds)))  # a below b, far short of the effect
+    against = Rival((("b", "", 3e-3),), seeds, tuple(0.2 + rng.normal(0, 0.01, len(seeds))), "high")
+    r = Result(claim.clauses[0].compare[0], "nats", seed_ids=seeds, seed_values=short, rivals=(against,))
+    clause = decide_results(claim, [[r]]).clauses[0]
+    assert clause.status == DISAGREES and "other way" not in clause.why
+    plain = decide_results(claim, [[Result(r.compare, "nats", seed_ids=seeds, seed_values=against.seed_values)]])
+    assert "shown the other way" in plain.clauses[0].why  # the words exist where a test shows it
