@@ -443,11 +443,18 @@ def test_decide_runs_its_looks_on_a_running_ray_cluster(tmp_path):
         engine_missing("no running Ray cluster (ray.init(address='auto') fails); start one with "
                        "`ray start --head --num-cpus 2`")
     claim = mini_claim(tmp_path)
+    # A plan of two looks (3 and 6 seeds): the second look, on seeds the first left, is what shows
+    # the looks going on across Ray jobs; a third (12 seeds, the clause undecided at 6) ran the same
+    # way again, some 8 s of Ray workers starting and training more.
     with one_ray_at_a_time():
-        proc = _decide_process(claim, tmp_path / "cells", "--backend", "ray", "--address", "auto")
+        proc = _decide_process(claim, tmp_path / "cells", "--backend", "ray", "--address", "auto", "--looks", "3,6")
         text = proc.communicate(timeout=900)[0]
     assert proc.returncode == 0, text
-    assert "Ray (auto)" in text and seeds_of(cell_ids(tmp_path / "cells"), "relu")[:6] == list(range(6))
+    assert text.count("to run on Ray (auto)") == 2, text  # each look's cells went to the cluster
+    ids = cell_ids(tmp_path / "cells")
+    assert seeds_of(ids, "relu") == seeds_of(ids, "gelu") == list(range(6)) and seeds_of(ids, "silu") == [0, 1, 2]
+    (clause,) = json.loads((tmp_path / "cells" / "decide" / "verdict.json").read_text())["clauses"]
+    assert [look["seeds"] for look in clause["looks"]] == [3, 6]  # both looks read
 
 
 def test_a_rerun_that_finds_earlier_looks_on_disk_names_the_look_the_decision_asks_for():
