@@ -67,14 +67,16 @@ def text_file(tmp_path):
     return path
 
 
-# The costliest modules first, longest first (each over 35 s of tests in CI on 2 cores): with
-# whole modules per test process, a long one picked up last would leave the others idle at the
-# end. Paths as in the test ids, from the repository root.
-COSTLY_FIRST = ("tests/ablate/backends/test_slurm_backend.py", "tests/ablate/kernels/test_cpu_cache.py",
-                "tests/ablate/commands/test_reproduce.py", "tests/ablate/kernels/test_parity.py",
-                "tests/test_hardening_files.py", "tests/ablate/commands/test_ladder.py",
-                "tests/ablate/commands/test_grid.py", "tests/ablate/backends/test_slurm_job.py",
-                "tests/ablate/kernels/test_triton_aot.py", "tests/ablate/backends/test_ray_backend.py")
+# The costliest modules first, longest first (each over 40 s of tests in CI on 2 cores; the
+# SLURM module, mostly waiting, leads): with whole modules per test process, a long one picked up
+# last would leave the others idle at the end. pyproject.toml keeps xdist from reordering them by
+# their count of tests. Paths as in the test ids, from the repository root.
+COSTLY_FIRST = ("tests/ablate/backends/test_slurm_backend.py", "tests/ablate/commands/test_reproduce.py",
+                "tests/test_hardening_files.py", "tests/ablate/commands/test_grid.py",
+                "tests/ablate/kernels/test_parity.py", "tests/ablate/kernels/test_cpu_cache.py",
+                "tests/ablate/commands/test_ladder.py", "tests/ablate/backends/test_slurm_job.py",
+                "tests/ablate/kernels/test_triton_aot.py", "tests/ablate/claims/test_sequential.py",
+                "tests/ablate/backends/test_ray_backend.py", "tests/ablate/engine/test_plugins.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
