@@ -306,7 +306,8 @@ def write_decision(claim, cells: Path, out: Path, decision, stopped: str, log: L
 
 
 def _g(x) -> str:
-    return "-" if x is None else f"{x:.3g}"
+    """A look's z or boundary: "-" for none, 0 unsigned (a p of 1/2 gives z = -0.0)."""
+    return "-" if x is None else f"{x + 0.0:.3g}"
 
 
 def _shipped_report():

@@ -88,3 +88,9 @@ def test_the_plan_of_a_decided_folder_is_its_verdict_s_looks(tmp_path):
     assert plan_looks(tmp_path) == (1, 2, 4)
     (tmp_path / "verdict.json").write_text("[" * 5000)
     assert plan_looks(tmp_path) is True  # damaged: the default plan
+
+
+def test_a_look_line_prints_a_z_of_minus_zero_as_0():
+    from ablate.claims.looks import _g
+
+    assert (_g(-0.0), _g(float("-inf")), _g(None), _g(2.254)) == ("0", "-inf", "-", "2.25")
