@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from ablate.analysis.stats import Interval
-from ablate.claims.rate_choice import group_label
+from ablate.claims.rate_choice import at_rate, group_label, groups_of
 from ablate.claims.selection import COLUMN_OF
 
 MAX_PAIRINGS = 64  # more pairings than this and the design is too coarse to read: cannot tell
@@ -68,10 +68,6 @@ class Rival:
         return ", ".join(f"{side}{' ' + what if what else ''} at lr {lr:g}" for side, what, lr in self.rates)
 
 
-def _groups(cells: pd.DataFrame, others: list[str]):
-    return cells.groupby(others, dropna=False, sort=True) if others else [((), cells)]
-
-
 def candidates(cells: pd.DataFrame, others: list[str], picks: list, near: list, slips: list) -> tuple:
     """Each group's Candidates: its chosen rate (picks, from verdict.at_best_lr), the rates near
     it (rate_choice.near_rates) and those it slipped against (rate_choice.slipped_rates)."""
@@ -80,7 +76,7 @@ def candidates(cells: pd.DataFrame, others: list[str], picks: list, near: list, 
     for what, _, other, *_ in [*near, *slips]:
         extra.setdefault(what, []).append(float(other))
     out = []
-    for values, _ in _groups(cells, others):
+    for values, _ in groups_of(cells, others):
         label = group_label(others, values)
         if label not in chosen:
             continue
@@ -95,10 +91,15 @@ def _plain(v):
     return v.item() if hasattr(v, "item") else v
 
 
+def chosen_rates(cands: dict) -> dict:
+    """{(side, group label): its chosen rate}: the main comparison's pairing."""
+    return {(side, g.label): g.rates[0] for side, groups in cands.items() for g in groups}
+
+
 def pairings(cands: dict, monotone: bool) -> list[tuple[dict, str]]:
     """Every pairing of candidate rates but the chosen one, [({(side, group label): lr}, which
     end it bounds)]: with `monotone`, those that move one side alone; else every product."""
-    chosen = {(side, g.label): g.rates[0] for side, groups in cands.items() for g in groups}
+    chosen = chosen_rates(cands)
     moves = [(side, LOW if side == "a" else HIGH) for side in cands] if monotone else [(None, BOTH)]
     out = []
     for moving, end in moves:
@@ -122,27 +123,25 @@ def n_pairings(cands: dict, monotone: bool) -> int:
 def fresh_at(cells: pd.DataFrame, others: list[str], sweep, side: str, pairing: dict) -> pd.DataFrame:
     """The side's fresh cells (seeds outside the sweep) at the pairing's rate for each group."""
     kept = []
-    for values, group in _groups(cells, others):
+    for values, group in groups_of(cells, others):
         lr = pairing.get((side, group_label(others, values)))
-        if lr is None:
-            continue
-        fresh = group[~group["seed"].isin(list(sweep))]
-        kept.append(fresh[np.isclose(fresh["lr"].astype(float), lr, rtol=1e-9)])
+        if lr is not None:
+            kept.append(at_rate(group, lr, sweep))
     return pd.concat(kept) if kept else cells.iloc[0:0]
 
 
-def rival_rates(pairing: dict, cands: dict) -> tuple:
-    chosen = {(side, g.label): g.rates[0] for side, groups in cands.items() for g in groups}
+def moved_rates(pairing: dict, chosen: dict) -> tuple:
+    """((side, group label, lr), ...) where `pairing` leaves the chosen rates (chosen_rates)."""
     return tuple((side, what, lr) for (side, what), lr in pairing.items() if lr != chosen[(side, what)])
 
 
-def common_seeds(seed_ids: tuple, rivals: list[Rival]) -> list:
-    """The seeds every pairing has, in the main comparison's order: a look reads the same seeds
-    at every pairing (a rate the look asked for and not yet trained holds the look back)."""
-    have = set(seed_ids)
+def common_seeds(seeds, rivals: list[Rival]) -> set:
+    """The seeds every pairing has: a look reads the same seeds at every pairing (a rate the look
+    asked for and not yet trained holds the look back)."""
+    have = set(seeds)
     for r in rivals:
         have &= set(r.seed_ids)
-    return [s for s in seed_ids if s in have]
+    return have
 
 
 def keep_seeds(rival: Rival, seeds: list) -> Rival:

@@ -71,12 +71,23 @@ def open_axes(cells: pd.DataFrame, varying: list[str]) -> list[str]:
     return [ax for ax in varying if ax not in ("seed", "lr") and ax in cells and cells[ax].nunique(dropna=False) > 1]
 
 
+def groups_of(cells: pd.DataFrame, others: list[str]):
+    """(axis values, cells) for each group of an arm's cells (`others`: the axes it leaves open,
+    open_axes); the whole arm as one group when it leaves none."""
+    return cells.groupby(others, dropna=False, sort=True) if others else [((), cells)]
+
+
+def at_rate(group: pd.DataFrame, lr: float, leave_out=()) -> pd.DataFrame:
+    """A group's cells at `lr`, but those of the seeds `leave_out` (the seeds that chose it)."""
+    kept = group[~group["seed"].isin(list(leave_out))] if len(leave_out) else group
+    return kept[np.isclose(kept["lr"].astype(float), lr, rtol=1e-9)]
+
+
 def near_rates(cells: pd.DataFrame, others: list[str], choose_on) -> list[tuple[str, float, float, float]]:
     """[(group label, chosen lr, a rate within noise of it, their gap in nats)] for each group of
     an arm's cells (the other axes it leaves open), read on the choosing seeds `choose_on`."""
     out = []
-    groups = cells.groupby(others, dropna=False, sort=True) if others else [((), cells)]
-    for values, group in groups:
+    for values, group in groups_of(cells, others):
         choosing = group[group["seed"].isin(list(choose_on))]
         table = pd.to_numeric(choosing["scored_loss"], errors="coerce").groupby(
             [choosing["seed"], choosing["lr"].astype(float)]).mean().unstack("lr")
@@ -102,8 +113,7 @@ def slipped_rates(cells: pd.DataFrame, others: list[str], choose_on, chosen: dic
     the choosing seeds did at the other rate, by Welch's one-sided t-test at ONE_SIDED_ALPHA.
     `chosen`: each group's rate as verdict.at_best_lr chose it, by group_label."""
     out = []
-    groups = cells.groupby(others, dropna=False, sort=True) if others else [((), cells)]
-    for values, group in groups:
+    for values, group in groups_of(cells, others):
         label = group_label(others, values)
         if label not in chosen:
             continue

@@ -23,9 +23,9 @@ from ablate.claims.claim_file import Claim, Clause, Compare, NON_INFERIORITY, SW
 from ablate.claims.claim_measures import (COUNTS_DIVERGED, Context, MEASURES, Measure, MeasureUnavailable,
                                           first_nonfinite_step, values_by_key)
 from ablate.claims.design_checks import judged
-from ablate.claims.best_rate_bounds import (MAX_PAIRINGS, Rival, candidates, common_seeds, fresh_at, keep_seeds,
-                                           n_pairings, pairings, rival_rates, worst_of)
-from ablate.claims.rate_choice import group_label, near_rates, open_axes, slipped_rates
+from ablate.claims.best_rate_bounds import (MAX_PAIRINGS, Rival, candidates, chosen_rates, common_seeds, fresh_at,
+                                           keep_seeds, moved_rates, n_pairings, pairings, worst_of)
+from ablate.claims.rate_choice import at_rate, group_label, groups_of, near_rates, open_axes, slipped_rates
 from ablate.claims.selection import COLUMN_OF, SelectionError, select
 from ablate.core.rundir import DIVERGED
 
@@ -307,26 +307,23 @@ def compare(ctx: Context, c: Compare, alpha: float, alpha_power: float) -> Resul
         sides = {"a": metrics[select(metrics, c.selector("a"))]}
         if c.b is not None:
             sides["b"] = metrics[select(metrics, c.selector("b"))]
-        full = dict(sides)
+        arms = {}  # side -> (all its cells, the axes it leaves open): what the rival pairings read
         best, sweep, near, slips, cands = {}, (), {}, {}, {}
         if c.best_lr:
             sweep = sweep_seeds(sides)
             for side, cells in list(sides.items()):
                 others = open_axes(cells, ctx.runs.varying_axes)
+                arms[side] = (cells, others)
                 near[side] = near_rates(cells, others, sweep)
                 sides[side], best[side] = at_best_lr(cells, ctx.runs.varying_axes, choose_on=sweep)
                 slips[side] = slipped_rates(cells, others, sweep, {what: lr for what, lr, _ in best[side]})
                 cands[side] = candidates(cells, others, best[side], near[side], slips[side])
         key_axes = pairing_axes(ctx.runs, c, m, *sides.values())
         missing = {side: {} for side in sides}
-        values = {side: values_by_key(ctx, cells, key_axes, m, c.params, missing[side])
-                  for side, cells in sides.items()}
-        rivals = _rivals(ctx, c, m, full, cands, sweep, key_axes) if c.best_lr else ()
+        a, b, keys = _paired(ctx, c, m, sides, key_axes, missing)
+        rivals = _rivals(ctx, c, m, arms, cands, sweep, key_axes) if c.best_lr else ()
     except (MeasureUnavailable, SelectionError) as e:
         return Result(c, m.unit, note=str(e))
-    a = values["a"]
-    b = values["b"] if c.b is not None else pd.Series({k: c.than for k in a.index}, dtype=float)
-    keys = [k for k in a.index if k in b.index]
     # Cells that only take a step to be read at initialisation have no training outcome to tell.
     outcomes = {side: dict(Counter(cells["outcome"])) for side, cells in sides.items()
                 if "outcome" in cells and not (pd.to_numeric(cells.get("planned_steps"), errors="coerce") <= 1).all()}
@@ -337,7 +334,7 @@ def compare(ctx: Context, c: Compare, alpha: float, alpha_power: float) -> Resul
         return _replace(base, note=f"cannot tell from this design: over {MAX_PAIRINGS} pairings of near-best rates "
                                    f"({n_pairings(cands, m.minimised_by_best_rate)}); a finer or narrower rate sweep would tell them apart")
     if rivals:  # every pairing reads the same seeds (best_rate_bounds.common_seeds)
-        kept = set(common_seeds(decide.per_seed(keys, base.a, base.b)[0].tolist(), rivals))
+        kept = common_seeds((k[0] for k in keys), rivals)
         keys = [k for k in keys if k[0] in kept]
         base = _replace(base, keys=tuple(keys), a=tuple(a[keys]), b=tuple(b[keys]))
     if not keys:
@@ -347,7 +344,7 @@ def compare(ctx: Context, c: Compare, alpha: float, alpha_power: float) -> Resul
         return _replace(base, note=none)
     seeds, per = decide.per_seed(keys, base.a, base.b)
     spread = decide.pooled_sd(_by_design(keys, base.a, base.b))
-    seed_ids = tuple(s.item() if hasattr(s, "item") else s for s in seeds)
+    seed_ids = _seed_ids(seeds)
     result = _replace(base, seed_ids=seed_ids, seed_values=tuple(per), spread=spread,
                       rivals=tuple(keep_seeds(r, list(seed_ids)) for r in rivals))
     test = run_test(result, alpha)
@@ -357,23 +354,31 @@ def compare(ctx: Context, c: Compare, alpha: float, alpha_power: float) -> Resul
                                        seeds_needed_upper=seeds_needed(result, alpha_power, upper=True), note=note))
 
 
-def _rivals(ctx: Context, c: Compare, m: Measure, full: dict, cands: dict, sweep, key_axes) -> tuple | None:
+def _paired(ctx: Context, c: Compare, m: Measure, sides: dict, key_axes: list[str], missing: dict) -> tuple:
+    """(a's values, b's values (or `than`), the keys both have): each side's cells measured by key."""
+    values = {side: values_by_key(ctx, cells, key_axes, m, c.params, missing[side]) for side, cells in sides.items()}
+    a = values["a"]
+    b = values["b"] if c.b is not None else pd.Series({k: c.than for k in a.index}, dtype=float)
+    return a, b, [k for k in a.index if k in b.index]
+
+
+def _seed_ids(seeds) -> tuple:
+    """Plain Python seed ids (numpy's integers as ints) for the units of a test."""
+    return tuple(s.item() if hasattr(s, "item") else s for s in seeds)
+
+
+def _rivals(ctx: Context, c: Compare, m: Measure, arms: dict, cands: dict, sweep, key_axes) -> tuple | None:
     """The comparison at every other pairing of near-best rates (best_rate_bounds), each as its
-    seeds' values of a - b; None when there are more than MAX_PAIRINGS."""
+    seeds' values of a - b; None when there are more than MAX_PAIRINGS. `arms`: side -> (its
+    cells, the axes it leaves open)."""
     if n_pairings(cands, m.minimised_by_best_rate) > MAX_PAIRINGS:
         return None
-    out = []
+    out, chosen = [], chosen_rates(cands)
     for pairing, end in pairings(cands, m.minimised_by_best_rate):
-        values = {}
-        for side, cells in full.items():
-            at = fresh_at(cells, open_axes(cells, ctx.runs.varying_axes), sweep, side, pairing)
-            values[side] = values_by_key(ctx, at, key_axes, m, c.params, {})
-        a = values["a"]
-        b = values["b"] if c.b is not None else pd.Series({k: c.than for k in a.index}, dtype=float)
-        keys = [k for k in a.index if k in b.index]
+        at = {side: fresh_at(cells, others, sweep, side, pairing) for side, (cells, others) in arms.items()}
+        a, b, keys = _paired(ctx, c, m, at, key_axes, {side: {} for side in at})
         seeds, per = decide.per_seed(keys, tuple(a[keys]), tuple(b[keys]))
-        out.append(Rival(rival_rates(pairing, cands), tuple(s.item() if hasattr(s, "item") else s for s in seeds),
-                         tuple(per), end))
+        out.append(Rival(moved_rates(pairing, chosen), _seed_ids(seeds), tuple(per), end))
     return tuple(out)
 
 
@@ -471,7 +476,7 @@ def at_best_lr(cells: pd.DataFrame, varying: list[str], choose_on=None) -> tuple
     seeds that chose (tests/ablate/claims/test_decide.py)."""
     others = open_axes(cells, varying)
     kept, picks = [], []
-    for values, group in (cells.groupby(others, dropna=False, sort=True) if others else [((), cells)]):
+    for values, group in groups_of(cells, others):
         choosing = group if choose_on is None else group[group["seed"].isin(list(choose_on))]
         scores = pd.to_numeric(choosing["scored_loss"], errors="coerce").groupby(choosing["lr"].astype(float)).mean()
         if scores.dropna().empty:
@@ -479,8 +484,7 @@ def at_best_lr(cells: pd.DataFrame, varying: list[str], choose_on=None) -> tuple
         lr = float(scores.idxmin())
         rates = sorted(scores.index)
         picks.append((group_label(others, values), lr, lr in (rates[0], rates[-1])))
-        testing = group if choose_on is None else group[~group["seed"].isin(list(choose_on))]
-        kept.append(testing[np.isclose(testing["lr"].astype(float), lr, rtol=1e-9)])
+        kept.append(at_rate(group, lr, () if choose_on is None else choose_on))
     return (pd.concat(kept) if kept else cells.iloc[0:0]), picks
 
 
