@@ -5,6 +5,10 @@ the whole --decide look sequence on issue 52's coarse grids, read at every pairi
 import sys, math
 import tests.ablate.claims.test_best_rate_bounds as t
 from ablate.claims.verdict import AGREES, DISAGREES
+if len(sys.argv) > 1 and not (sys.argv[1].isdigit() and int(sys.argv[1]) > 0):
+    print(f"best_rate_error.py: SEQUENCES {sys.argv[1]!r}; valid: a positive whole number (default 4000)",
+          file=sys.stderr)
+    sys.exit(2)
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 4000
 se = lambda p: math.sqrt(p * (1 - p) / n)
 for gap, noise in [(0.01, 0.02), (0.02, 0.025), (0.03, 0.03)]:
