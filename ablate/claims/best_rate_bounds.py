@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from ablate.analysis.stats import Interval
+from ablate.claims.claim_measures import plain_value
 from ablate.claims.rate_choice import at_rate, group_label, groups_of
 from ablate.claims.selection import COLUMN_OF
 
@@ -81,14 +82,10 @@ def candidates(cells: pd.DataFrame, others: list[str], picks: list, near: list, 
         if label not in chosen:
             continue
         values = values if isinstance(values, tuple) else (values,)
-        selector = {_AXIS_OF.get(ax, ax): _plain(v) for ax, v in zip(others, values)}
+        selector = {_AXIS_OF.get(ax, ax): plain_value(v) for ax, v in zip(others, values)}
         rates = (chosen[label], *sorted(set(extra.get(label, [])) - {chosen[label]}))
         out.append(Candidates(label, selector, rates))
     return tuple(out)
-
-
-def _plain(v):
-    return v.item() if hasattr(v, "item") else v
 
 
 def chosen_rates(cands: dict) -> dict:

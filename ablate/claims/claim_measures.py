@@ -113,7 +113,7 @@ def values_by_key(ctx: Context, cells: pd.DataFrame, key_axes: list[str], m: Mea
     missing = {} if missing is None else missing
     if cells.empty:
         return pd.Series(out, dtype=float)
-    keys = [tuple(_plain(v) for v in row) for row in cells[key_axes].itertuples(index=False)]
+    keys = [tuple(plain_value(v) for v in row) for row in cells[key_axes].itertuples(index=False)]
     grouped: dict[tuple, list[int]] = {}
     for position, key in enumerate(keys):
         grouped.setdefault(key, []).append(position)
@@ -135,7 +135,8 @@ def values_by_key(ctx: Context, cells: pd.DataFrame, key_axes: list[str], m: Mea
     return pd.Series(out, dtype=float)
 
 
-def _plain(value):
+def plain_value(value):
+    """A numpy scalar as the Python number it holds (a key, a seed id, a selector value); else as is."""
     if isinstance(value, (np.floating, float)):
         return float(value)
     if isinstance(value, (np.integer,)):

@@ -21,7 +21,7 @@ from ablate.analysis.stats import ONE_SIDED_ALPHA, adjust_p_values
 from ablate.claims import decide
 from ablate.claims.claim_file import Claim, Clause, Compare, NON_INFERIORITY, SWEEP_SEEDS
 from ablate.claims.claim_measures import (COUNTS_DIVERGED, Context, MEASURES, Measure, MeasureUnavailable,
-                                          first_nonfinite_step, values_by_key)
+                                          first_nonfinite_step, plain_value, values_by_key)
 from ablate.claims.design_checks import judged
 from ablate.claims.best_rate_bounds import (MAX_PAIRINGS, Rival, candidates, chosen_rates, common_seeds, fresh_at,
                                            keep_seeds, moved_rates, n_pairings, pairings, worst_of)
@@ -364,7 +364,7 @@ def _paired(ctx: Context, c: Compare, m: Measure, sides: dict, key_axes: list[st
 
 def _seed_ids(seeds) -> tuple:
     """Plain Python seed ids (numpy's integers as ints) for the units of a test."""
-    return tuple(s.item() if hasattr(s, "item") else s for s in seeds)
+    return tuple(plain_value(s) for s in seeds)
 
 
 def _rivals(ctx: Context, c: Compare, m: Measure, arms: dict, cands: dict, sweep, key_axes) -> tuple | None:
